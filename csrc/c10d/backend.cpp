@@ -1,0 +1,286 @@
+#include "gradzip/backend.h"
+
+#include <c10/util/Exception.h>
+
+#include "c10d/collective_check.h"
+
+namespace gradzip {
+namespace {
+
+int64_t rows_to_elements(const at::Tensor& t, int64_t rows) {
+  const int64_t total_rows = t.dim() == 0 ? 1 : t.size(0);
+  return total_rows == 0 ? 0 : rows * (t.numel() / total_rows);
+}
+
+// Elements sent to (or received from) each rank by all_to_all_single: the split
+// sizes count rows of dimension 0; no split sizes means equal parts.
+std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64_t>& splits, int size) {
+  std::vector<int64_t> out(size);
+  if (splits.empty()) {
+    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
+    TORCH_CHECK(rows % size == 0, "gradzip: all_to_all_single without split sizes needs dimension 0 (",
+                rows, ") divisible by the group size (", size, ")");
+    for (auto& e : out) e = rows_to_elements(t, rows / size);
+    return out;
+  }
+  TORCH_CHECK(static_cast<int>(splits.size()) == size, "gradzip: all_to_all_single got ", splits.size(),
+              " split sizes for a group of ", size, " ranks");
+  for (int i = 0; i < size; ++i) out[i] = rows_to_elements(t, splits[i]);
+  return out;
+}
+
+}  // namespace
+
+Backend::Backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
+                 c10::intrusive_ptr<c10d::Backend> cuda_transport, const Spec& spec, bool validate,
+                 std::chrono::milliseconds timeout)
+    : c10d::Backend(rank, size),
+      cpu_(std::move(cpu_transport)),
+      cuda_(std::move(cuda_transport)),
+      aggregation_(make_aggregation(spec)),
+      options_(c10::make_intrusive<Options>("gradzip", timeout)) {
+  TORCH_CHECK(cpu_, "gradzip: the backend needs a CPU transport");
+  TORCH_CHECK(cpu_->getRank() == rank && cpu_->getSize() == size, "gradzip: the CPU transport is rank ",
+              cpu_->getRank(), " of ", cpu_->getSize(), ", the backend rank ", rank, " of ", size);
+  TORCH_CHECK(!cuda_ || (cuda_->getRank() == rank && cuda_->getSize() == size),
+              "gradzip: the CUDA transport's rank and size differ from the backend's");
+  if (validate) check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
+}
+
+Backend::~Backend() = default;
+
+void Backend::setTimeout(std::chrono::milliseconds timeout) {
+  options_->timeout = timeout;
+  cpu_->setTimeout(timeout);
+  if (cuda_) cuda_->setTimeout(timeout);
+}
+
+const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const at::Tensor& tensor,
+                                                                const char* op) const {
+  TORCH_CHECK(!closed_.load(), "gradzip: ", op, " on a process group that was shut down or aborted");
+  switch (tensor.device().type()) {
+    case c10::DeviceType::CPU:
+      return cpu_;
+    case c10::DeviceType::CUDA:
+      TORCH_CHECK(cuda_, "gradzip: ", op, " got a CUDA tensor, but this process group has no CUDA transport ",
+                  "(gradzip or torch was built without CUDA, or no GPU was visible when the group was created)");
+      return cuda_;
+    default:
+      TORCH_CHECK(false, "gradzip: ", op, " got a tensor on device '", tensor.device().str(),
+                  "'; gradzip supports cpu and cuda tensors");
+  }
+}
+
+const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const std::vector<at::Tensor>& tensors,
+                                                                const char* op) const {
+  TORCH_CHECK(!tensors.empty(), "gradzip: ", op, " got no tensors");
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.device().type() == tensors.front().device().type(), "gradzip: ", op,
+                " got tensors on different devices (", tensors.front().device().str(), " and ",
+                t.device().str(), ")");
+  }
+  return transport_for(tensors.front(), op);
+}
+
+void Backend::verify(const CollectiveCall& call) {
+  if (check_) check_->verify(call);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::broadcast(std::vector<at::Tensor>& tensors,
+                                                  const c10d::BroadcastOptions& opts) {
+  const auto& transport = transport_for(tensors, "broadcast");
+  auto call = CollectiveCall::of("broadcast", tensors);
+  call.root = opts.rootRank;
+  verify(call);
+  return transport->broadcast(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allreduce(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) {
+  const auto& transport = transport_for(tensors, "all_reduce");
+  auto call = CollectiveCall::of("all_reduce", tensors);
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return aggregation_->allreduce(tensors, opts, transport);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                         const c10d::AllreduceOptions& opts) {
+  const auto& transport = transport_for(tensors, "all_reduce (sparse)");
+  auto call = CollectiveCall::of("all_reduce_sparse", tensors);
+  call.numel = -1;  // sparse tensors may hold different numbers of values
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->allreduce_sparse(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceCoalescedOptions& opts) {
+  const auto& transport = transport_for(tensors, "all_reduce_coalesced");
+  auto call = CollectiveCall::of("all_reduce_coalesced", tensors);
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->allreduce_coalesced(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::reduce(std::vector<at::Tensor>& tensors,
+                                               const c10d::ReduceOptions& opts) {
+  const auto& transport = transport_for(tensors, "reduce");
+  auto call = CollectiveCall::of("reduce", tensors);
+  call.root = opts.rootRank;
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->reduce(tensors, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                  std::vector<at::Tensor>& inputs,
+                                                  const c10d::AllgatherOptions& opts) {
+  const auto& transport = transport_for(inputs, "all_gather");
+  verify(CollectiveCall::of("all_gather", inputs));
+  return transport->allgather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                        const c10d::AllgatherOptions& opts) {
+  const auto& transport = transport_for(input, "all_gather_into_tensor");
+  verify(CollectiveCall::of("all_gather_into_tensor", {input}));
+  return transport->_allgather_base(output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions& opts) {
+  const auto& transport = transport_for(inputs, "all_gather_coalesced");
+  verify(CollectiveCall::of("all_gather_coalesced", inputs));
+  return transport->allgather_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                        std::vector<at::Tensor>& inputs,
+                                                                        const c10d::AllgatherOptions& opts) {
+  const auto& transport = transport_for(inputs, "all_gather_into_tensor_coalesced");
+  verify(CollectiveCall::of("all_gather_into_tensor_coalesced", inputs));
+  return transport->allgather_into_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                               std::vector<at::Tensor>& inputs,
+                                               const c10d::GatherOptions& opts) {
+  const auto& transport = transport_for(inputs, "gather");
+  auto call = CollectiveCall::of("gather", inputs);
+  call.root = opts.rootRank;
+  verify(call);
+  return transport->gather(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ScatterOptions& opts) {
+  const auto& transport = transport_for(outputs, "scatter");
+  auto call = CollectiveCall::of("scatter", outputs);
+  call.root = opts.rootRank;
+  verify(call);
+  return transport->scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                       std::vector<std::vector<at::Tensor>>& inputs,
+                                                       const c10d::ReduceScatterOptions& opts) {
+  const auto& transport = transport_for(outputs, "reduce_scatter");
+  auto call = CollectiveCall::of("reduce_scatter", outputs);
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->reduce_scatter(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::ReduceScatterOptions& opts) {
+  const auto& transport = transport_for(output, "reduce_scatter_tensor");
+  auto call = CollectiveCall::of("reduce_scatter_tensor", {output});
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->_reduce_scatter_base(output, input, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const auto& transport = transport_for(outputs, "reduce_scatter_tensor_coalesced");
+  auto call = CollectiveCall::of("reduce_scatter_tensor_coalesced", outputs);
+  call.reduce_op = opts.reduceOp.op_;
+  verify(call);
+  return transport->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                      std::vector<int64_t>& output_split_sizes,
+                                                      std::vector<int64_t>& input_split_sizes,
+                                                      const c10d::AllToAllOptions& opts) {
+  const auto& transport = transport_for(input, "all_to_all_single");
+  CollectiveCall call;
+  call.op = "all_to_all_single";
+  call.dtype = static_cast<int64_t>(input.scalar_type());
+  call.send_counts = split_elements(input, input_split_sizes, getSize());
+  call.recv_counts = split_elements(output, output_split_sizes, getSize());
+  verify(call);
+  return transport->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::alltoall(std::vector<at::Tensor>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllToAllOptions& opts) {
+  const auto& transport = transport_for(inputs, "all_to_all");
+  TORCH_CHECK(static_cast<int>(inputs.size()) == getSize() && static_cast<int>(outputs.size()) == getSize(),
+              "gradzip: all_to_all needs one input and one output tensor per rank (", getSize(), "), got ",
+              inputs.size(), " and ", outputs.size());
+  CollectiveCall call;
+  call.op = "all_to_all";
+  call.dtype = static_cast<int64_t>(inputs.front().scalar_type());
+  for (const auto& t : inputs) call.send_counts.push_back(t.numel());
+  for (const auto& t : outputs) call.recv_counts.push_back(t.numel());
+  verify(call);
+  return transport->alltoall(outputs, inputs, opts);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  return transport_for(tensors, "send")->send(tensors, dst_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  return transport_for(tensors, "recv")->recv(tensors, src_rank, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  return transport_for(tensors, "recv")->recvAnysource(tensors, tag);
+}
+
+c10::intrusive_ptr<c10d::Work> Backend::barrier(const c10d::BarrierOptions& opts) {
+  TORCH_CHECK(!closed_.load(), "gradzip: barrier on a process group that was shut down or aborted");
+  CollectiveCall call;
+  call.op = "barrier";
+  verify(call);
+  return cpu_->barrier(opts);
+}
+
+void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+  TORCH_CHECK(!closed_.load(), "gradzip: monitored_barrier on a process group that was shut down or aborted");
+  cpu_->monitoredBarrier(opts, wait_all_ranks);
+}
+
+uint64_t Backend::getSequenceNumberForGroup() {
+  return cpu_->getSequenceNumberForGroup();
+}
+
+void Backend::shutdown() {
+  if (closed_.exchange(true)) return;
+  cpu_->shutdown();
+  if (cuda_) cuda_->shutdown();
+}
+
+void Backend::abort() {
+  if (closed_.exchange(true)) return;
+  cpu_->abort();
+  if (cuda_) cuda_->abort();
+}
+
+}  // namespace gradzip

@@ -1,0 +1,109 @@
+#include "c10d/collective_check.h"
+
+#include <c10/util/Exception.h>
+
+#include <array>
+#include <functional>
+#include <sstream>
+
+namespace gradzip {
+namespace {
+
+// The collectives a fingerprint can name; the code travels as an int64.
+constexpr std::array<const char*, 19> kOps = {
+    "all_reduce",      "all_reduce_coalesced", "broadcast",           "reduce",
+    "all_gather",      "all_gather_into_tensor", "all_gather_coalesced", "all_gather_into_tensor_coalesced",
+    "gather",          "scatter",              "reduce_scatter",      "reduce_scatter_tensor",
+    "reduce_scatter_tensor_coalesced", "all_to_all", "all_to_all_single", "barrier",
+    "monitored_barrier", "all_reduce_sparse",  "unknown"};
+
+int64_t op_code(const std::string& op) {
+  for (size_t i = 0; i < kOps.size(); ++i) {
+    if (op == kOps[i]) return static_cast<int64_t>(i);
+  }
+  return static_cast<int64_t>(kOps.size() - 1);
+}
+
+std::string op_name(int64_t code) {
+  return code >= 0 && code < static_cast<int64_t>(kOps.size()) ? kOps[code] : "an unknown collective";
+}
+
+std::string reduce_op_name(int64_t op) {
+  constexpr std::array<const char*, 9> kNames = {"SUM", "AVG", "PRODUCT", "MIN", "MAX",
+                                                 "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+  return op < static_cast<int64_t>(kNames.size()) ? kNames[op] : "reduce op " + std::to_string(op);
+}
+
+constexpr int kHeader = 7;  // op, dtype, numel, count, shapes_hash, root, reduce_op
+
+std::string describe(const int64_t* f) {
+  std::ostringstream out;
+  out << op_name(f[0]);
+  if (f[1] >= 0) out << " of " << c10::toString(static_cast<c10::ScalarType>(f[1]));
+  if (f[2] >= 0) out << " with " << f[2] << " elements";
+  if (f[3] > 1) out << " in " << f[3] << " tensors";
+  if (f[5] >= 0) out << ", root " << f[5];
+  if (f[6] >= 0) out << ", " << reduce_op_name(f[6]);
+  return out.str();
+}
+
+}  // namespace
+
+CollectiveCall CollectiveCall::of(std::string op, const std::vector<at::Tensor>& tensors) {
+  CollectiveCall call;
+  call.op = std::move(op);
+  call.count = static_cast<int64_t>(tensors.size());
+  call.numel = 0;
+  size_t hash = 0;
+  for (const auto& t : tensors) {
+    call.numel += t.numel();
+    hash = hash * 1000003u + std::hash<int64_t>{}(t.numel());
+  }
+  if (!tensors.empty()) call.dtype = static_cast<int64_t>(tensors.front().scalar_type());
+  // Single tensors agree by numel alone (shapes may differ, as in Gloo); lists by each numel.
+  if (tensors.size() > 1) call.shapes_hash = static_cast<int64_t>(hash & 0x7fffffffffffffffULL);
+  return call;
+}
+
+void CollectiveCheck::verify(const CollectiveCall& mine) {
+  const int width = kHeader + 2 * size_;
+  auto local = at::full({width}, -1, at::kLong);
+  auto* l = local.data_ptr<int64_t>();
+  const std::array<int64_t, kHeader> header = {op_code(mine.op), mine.dtype, mine.numel, mine.count,
+                                               mine.shapes_hash, mine.root, mine.reduce_op};
+  std::copy(header.begin(), header.end(), l);
+  if (!mine.send_counts.empty()) {
+    TORCH_CHECK(mine.send_counts.size() == static_cast<size_t>(size_) &&
+                    mine.recv_counts.size() == static_cast<size_t>(size_),
+                "gradzip: ", mine.op, " needs one split size per rank (", size_, "), got ",
+                mine.send_counts.size(), " input and ", mine.recv_counts.size(), " output split sizes");
+    std::copy(mine.send_counts.begin(), mine.send_counts.end(), l + kHeader);
+    std::copy(mine.recv_counts.begin(), mine.recv_counts.end(), l + kHeader + size_);
+  }
+  auto all = at::empty({size_ * width}, at::kLong);
+  channel_->_allgather_base(all, local)->wait();
+  const int64_t* f = all.data_ptr<int64_t>();
+
+  auto row = [&](int r) { return f + static_cast<ptrdiff_t>(r) * width; };
+  for (int r = 1; r < size_; ++r) {
+    if (!std::equal(row(0), row(0) + kHeader, row(r))) {
+      std::ostringstream msg;
+      msg << "gradzip: ranks disagree on a collective: ";
+      for (int q = 0; q < size_; ++q) msg << (q ? "; " : "") << "rank " << q << " called " << describe(row(q));
+      msg << ". Every rank must call the same collectives, in the same order, with tensors of the same "
+             "dtype and size.";
+      TORCH_CHECK(false, msg.str());
+    }
+  }
+  if (row(0)[kHeader] < 0) return;  // not an all-to-all
+  for (int src = 0; src < size_; ++src) {
+    for (int dst = 0; dst < size_; ++dst) {
+      const int64_t sent = row(src)[kHeader + dst];
+      const int64_t expected = row(dst)[kHeader + size_ + src];
+      TORCH_CHECK(sent == expected, "gradzip: ", op_name(row(0)[0]), " split sizes disagree: rank ", src,
+                  " sends ", sent, " elements to rank ", dst, ", which expects ", expected, " from it");
+    }
+  }
+}
+
+}  // namespace gradzip

@@ -1,0 +1,49 @@
+// CollectiveCheck: before a collective reaches the transport, every rank confirms
+// that all ranks entered the same collective with compatible tensors.
+//
+// Why: Gloo aborts the whole process when ranks pass tensors of different sizes,
+// and NCCL hangs or reads out of bounds. The check is one small allgather of a
+// fixed-size fingerprint on the CPU transport; every rank sees every fingerprint,
+// so every rank raises the same error, naming each rank's call, and none hangs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace gradzip {
+
+// What one rank is about to do. Fields that do not apply to a collective stay -1.
+struct CollectiveCall {
+  std::string op;            // the torch.distributed name, e.g. "all_reduce"
+  int64_t dtype = -1;        // c10::ScalarType of the tensors
+  int64_t numel = -1;        // the element count that must agree across ranks
+  int64_t count = -1;        // number of tensors (coalesced collectives)
+  int64_t shapes_hash = -1;  // hash of every tensor's numel (lists of several tensors)
+  int64_t root = -1;
+  int64_t reduce_op = -1;
+  // alltoall only: elements this rank sends to / receives from each rank.
+  std::vector<int64_t> send_counts, recv_counts;
+
+  // Describes a list of tensors: dtype of the first, total numel, count, hash of numels.
+  static CollectiveCall of(std::string op, const std::vector<at::Tensor>& tensors);
+};
+
+class CollectiveCheck {
+ public:
+  CollectiveCheck(c10::intrusive_ptr<c10d::Backend> channel, int rank, int size)
+      : channel_(std::move(channel)), rank_(rank), size_(size) {}
+
+  // Returns when every rank made a compatible call; otherwise throws c10::Error
+  // with the same message on every rank.
+  void verify(const CollectiveCall& mine);
+
+ private:
+  c10::intrusive_ptr<c10d::Backend> channel_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace gradzip

@@ -1,0 +1,112 @@
+#include "gradzip/spec.h"
+
+#include <cerrno>
+#include <cstdlib>
+
+namespace gradzip {
+namespace {
+
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
+  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
+  return s;
+}
+
+bool is_identifier(std::string_view s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_')) return false;
+  }
+  return true;
+}
+
+[[noreturn]] void fail(std::string_view text, const std::string& why) {
+  throw SpecError("gradzip: invalid aggregation spec '" + std::string(text) + "': " + why +
+                  " (expected name[:key=value[,key=value...]], e.g. 'topk:density=0.01')");
+}
+
+}  // namespace
+
+Spec parse_spec(std::string_view text) {
+  Spec spec;
+  std::string_view rest = text;
+  const auto colon = rest.find(':');
+  spec.name = std::string(trim(rest.substr(0, colon)));
+  if (spec.name.empty()) fail(text, "the name is empty");
+  if (!is_identifier(spec.name)) fail(text, "the name '" + spec.name + "' may only hold a-z, 0-9 and _");
+  if (colon == std::string_view::npos) return spec;
+
+  rest = rest.substr(colon + 1);
+  if (trim(rest).empty()) fail(text, "nothing follows ':'");
+  while (true) {
+    const auto comma = rest.find(',');
+    const std::string_view item = trim(rest.substr(0, comma));
+    const auto eq = item.find('=');
+    if (eq == std::string_view::npos) fail(text, "'" + std::string(item) + "' is not key=value");
+    const std::string key(trim(item.substr(0, eq)));
+    const std::string value(trim(item.substr(eq + 1)));
+    if (!is_identifier(key)) fail(text, "the key '" + key + "' may only hold a-z, 0-9 and _");
+    if (value.empty()) fail(text, "the key '" + key + "' has no value");
+    if (value.find_first_of("=:") != std::string::npos) {
+      fail(text, "the value of '" + key + "' holds '=' or ':'");
+    }
+    if (!spec.params.emplace(key, value).second) fail(text, "the key '" + key + "' is given twice");
+    if (comma == std::string_view::npos) break;
+    rest = rest.substr(comma + 1);
+  }
+  return spec;
+}
+
+std::string Spec::str() const {
+  std::string out = name;
+  char sep = ':';
+  for (const auto& [key, value] : params) {
+    out += sep;
+    out += key + "=" + value;
+    sep = ',';
+  }
+  return out;
+}
+
+namespace {
+[[noreturn]] void bad_value(const Spec& spec, const std::string& key, const char* expected) {
+  throw SpecError("gradzip: spec '" + spec.str() + "': key '" + key + "' expects " + expected +
+                  ", got '" + spec.params.at(key) + "'");
+}
+}  // namespace
+
+double Spec::get_double(const std::string& key, double fallback) const {
+  auto it = params.find(key);
+  if (it == params.end()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(it->second.c_str(), &end);
+  if (errno != 0 || end == it->second.c_str() || *end != '\0') bad_value(*this, key, "a number");
+  return v;
+}
+
+int64_t Spec::get_int(const std::string& key, int64_t fallback) const {
+  auto it = params.find(key);
+  if (it == params.end()) return fallback;
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(it->second.c_str(), &end, 10);
+  if (errno != 0 || end == it->second.c_str() || *end != '\0') bad_value(*this, key, "an integer");
+  return v;
+}
+
+bool Spec::get_bool(const std::string& key, bool fallback) const {
+  auto it = params.find(key);
+  if (it == params.end()) return fallback;
+  const std::string& v = it->second;
+  if (v == "1" || v == "true" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "off") return false;
+  bad_value(*this, key, "a boolean (1/0, true/false, on/off)");
+}
+
+std::string Spec::get_string(const std::string& key, const std::string& fallback) const {
+  auto it = params.find(key);
+  return it == params.end() ? fallback : it->second;
+}
+
+}  // namespace gradzip

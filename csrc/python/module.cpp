@@ -1,0 +1,49 @@
+// gradzip._C: bindings only. Import torch.distributed before this module, so that
+// pybind11 knows c10d::Backend, the base class of gradzip.Backend.
+#include <torch/csrc/utils/pybind.h>
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+
+#include "gradzip/aggregation.h"
+#include "gradzip/backend.h"
+#include "gradzip/build_info.h"
+#include "gradzip/spec.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "gradzip's C++ core";
+  py::register_exception<gradzip::SpecError>(m, "SpecError", PyExc_ValueError);
+
+  py::class_<gradzip::Backend, c10d::Backend, c10::intrusive_ptr<gradzip::Backend>>(m, "Backend")
+      .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> cuda_transport, const std::string& spec,
+                       bool validate, std::chrono::milliseconds timeout) {
+             return c10::make_intrusive<gradzip::Backend>(
+                 rank, size, std::move(cpu_transport), cuda_transport.value_or(nullptr),
+                 gradzip::parse_spec(spec), validate, timeout);
+           }),
+           py::arg("rank"), py::arg("size"), py::arg("cpu_transport"), py::arg("cuda_transport"),
+           py::arg("spec"), py::arg("validate"), py::arg("timeout"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("spec", [](const gradzip::Backend& b) { return b.aggregation().spec().str(); })
+      .def_property_readonly("validates", &gradzip::Backend::validates)
+      .def_property_readonly("has_cuda_transport", &gradzip::Backend::has_cuda_transport);
+
+  m.def(
+      "canonical_spec",
+      [](const std::string& text) {
+        auto spec = gradzip::parse_spec(text);
+        gradzip::make_aggregation(spec);  // checks name, keys and values
+        return spec.str();
+      },
+      py::arg("spec"), "Parses and validates a spec; returns its canonical text or raises SpecError.");
+  m.def("aggregation_kinds", [] {
+    std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> out;
+    for (const auto& k : gradzip::aggregation_kinds()) out.emplace_back(k.name, k.summary, k.keys);
+    return out;
+  });
+  m.def("built_torch_version", &gradzip::built_torch_version);
+  m.def("cuda_built", &gradzip::cuda_built);
+  m.def("cuda_architectures", &gradzip::cuda_architectures);
+}

@@ -1,0 +1,36 @@
+"""gradzip: compressed gradient aggregation for torch.distributed.
+
+``import gradzip`` registers the torch.distributed backend ``"gradzip"`` (devices cpu
+and cuda). Its ``all_reduce`` runs the configured aggregation; every other collective
+is forwarded, exactly, to Gloo (CPU tensors) or NCCL (CUDA tensors).
+
+    import gradzip, torch.distributed as dist
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
+"""
+import torch
+import torch.distributed  # before _C: pybind11 must know c10d.Backend first
+
+from ._extension import _C
+from .launch import init_process_group, launch_environment
+from .options import Options, SpecError, aggregations, canonical_spec
+from .backend import register
+
+__version__ = "0.1.0"
+
+
+def cuda_built() -> bool:
+    """True when gradzip's CUDA kernels were compiled into this build (a GPU need not be present)."""
+    return _C.cuda_built()
+
+
+def cuda_architectures() -> list:
+    """The GPU compute capabilities the kernels were compiled for, e.g. [80, 90]; [] without CUDA."""
+    return _C.cuda_architectures()
+
+
+register()
+
+__all__ = [
+    "Options", "SpecError", "aggregations", "canonical_spec", "cuda_architectures", "cuda_built",
+    "init_process_group", "launch_environment", "register",
+]

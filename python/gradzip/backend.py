@@ -1,0 +1,45 @@
+"""The torch.distributed backend "gradzip": its creator and its registration."""
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ._extension import _C
+from .options import Options
+
+BACKEND_NAME = "gradzip"
+
+
+def _create_backend(dist_opts, backend_options):
+    """Called by torch.distributed (extended API) once per process group."""
+    if backend_options is None:
+        options = Options()
+    elif isinstance(backend_options, Options):
+        options = backend_options
+    else:
+        raise TypeError(
+            f"gradzip: pg_options must be a gradzip.Options, not {type(backend_options).__name__}"
+        )
+    spec = options.resolved_spec()
+    validate = options.resolved_validate()
+    rank, size = dist_opts.group_rank, dist_opts.group_size
+    timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(seconds=1800)
+
+    # The transports rendezvous under their own prefixes of this group's store.
+    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", dist_opts.store), rank, size, timeout)
+    gloo.options.global_ranks_in_group = dist_opts.global_ranks_in_group
+    gloo.options.group_name = dist_opts.group_id
+    nccl = None
+    if torch.cuda.is_available() and dist.is_nccl_available():
+        nccl_options = dist.ProcessGroupNCCL.Options()
+        nccl_options._timeout = timeout
+        nccl_options.global_ranks_in_group = dist_opts.global_ranks_in_group
+        nccl_options.group_name = dist_opts.group_id
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", dist_opts.store), rank, size, nccl_options)
+    return _C.Backend(rank, size, gloo, nccl, spec, validate, timeout)
+
+
+def register():
+    """Registers the backend name "gradzip" for cpu and cuda; safe to call again."""
+    if BACKEND_NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu", "cuda"])

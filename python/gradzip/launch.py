@@ -1,0 +1,58 @@
+"""One script under torchrun, mpirun (Open MPI, MPICH) and SLURM's srun.
+
+torchrun sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT. Other launchers
+set their own variables; launch_environment() fills the torch ones from them, never
+overriding a torch variable that is already set.
+"""
+import os
+
+import torch.distributed as dist
+
+DEFAULT_MASTER_PORT = "29500"
+
+# launcher -> (rank, world size, local rank, node count or None)
+_LAUNCHERS = {
+    "Open MPI (mpirun)": ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", None),
+    "MPICH / Intel MPI (mpirun)": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", None),
+    "SLURM (srun)": ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NNODES"),
+}
+
+
+def launch_environment(environ=None) -> dict:
+    """Fills RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT in `environ`
+    (default os.environ) from the launcher's variables; returns the values now set.
+
+    Without MASTER_ADDR, a single-node job rendezvouses on 127.0.0.1; a multi-node
+    SLURM job must set MASTER_ADDR itself (it names no host we could trust)."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        for launcher, (rank, size, local, nodes) in _LAUNCHERS.items():
+            if rank in env and size in env:
+                env.setdefault("RANK", env[rank])
+                env.setdefault("WORLD_SIZE", env[size])
+                env.setdefault("LOCAL_RANK", env.get(local, "0"))
+                if "MASTER_ADDR" not in env:
+                    if nodes and int(env.get(nodes, "1")) > 1:
+                        raise RuntimeError(
+                            f"gradzip: a multi-node job under {launcher} needs MASTER_ADDR set to the "
+                            "address of the node that runs rank 0"
+                        )
+                    env["MASTER_ADDR"] = "127.0.0.1"
+                break
+    env.setdefault("LOCAL_RANK", "0")
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
+    missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
+    if missing:
+        raise RuntimeError(
+            "gradzip: cannot tell this process's rank: none of torchrun's (RANK, WORLD_SIZE), Open MPI's "
+            "(OMPI_COMM_WORLD_*), MPICH's (PMI_*) or SLURM's (SLURM_PROCID, SLURM_NTASKS) variables are set"
+        )
+    return {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+
+
+def init_process_group(backend: str = "gradzip", **kwargs):
+    """dist.init_process_group after launch_environment(): the same script runs under
+    torchrun, mpirun and srun. Keyword arguments go to dist.init_process_group."""
+    launch_environment()
+    dist.init_process_group(backend, **kwargs)
