@@ -42,17 +42,18 @@ def launch_environment(environ=None) -> dict:
     env.setdefault("LOCAL_RANK", "0")
     env.setdefault("MASTER_ADDR", "127.0.0.1")
     env.setdefault("MASTER_PORT", DEFAULT_MASTER_PORT)
-    missing = [k for k in ("RANK", "WORLD_SIZE") if k not in env]
-    if missing:
-        raise RuntimeError(
-            "gradzip: cannot tell this process's rank: none of torchrun's (RANK, WORLD_SIZE), Open MPI's "
-            "(OMPI_COMM_WORLD_*), MPICH's (PMI_*) or SLURM's (SLURM_PROCID, SLURM_NTASKS) variables are set"
-        )
-    return {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    return {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if k in env}
 
 
 def init_process_group(backend: str = "gradzip", **kwargs):
     """dist.init_process_group after launch_environment(): the same script runs under
     torchrun, mpirun and srun. Keyword arguments go to dist.init_process_group."""
-    launch_environment()
+    found = launch_environment()
+    by_env = kwargs.get("init_method") in (None, "env://") and "store" not in kwargs
+    if by_env and ("rank" not in kwargs or "world_size" not in kwargs) and not {"RANK", "WORLD_SIZE"} <= set(found):
+        raise RuntimeError(
+            "gradzip: cannot tell this process's rank: none of torchrun's (RANK, WORLD_SIZE), Open MPI's "
+            "(OMPI_COMM_WORLD_*), MPICH's (PMI_*) or SLURM's (SLURM_PROCID, SLURM_NTASKS) variables are set, "
+            "and no rank/world_size was passed"
+        )
     dist.init_process_group(backend, **kwargs)

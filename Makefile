@@ -1,0 +1,45 @@
+# gradzip: the whole set-up is `make demo` (main job) and `make test` (every test).
+# Both install what is missing (apt packages, a virtual environment), build, then run.
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+
+VENV ?= $(or $(GRADZIP_VENV),$(CURDIR)/.venv)
+PYTHON := $(VENV)/bin/python
+export GRADZIP_VENV := $(VENV)
+export MAX_JOBS ?= 2
+# The demo's ranks run on this machine's cores: one thread each keeps them from fighting.
+export OMP_NUM_THREADS ?= 1
+
+NPROC ?= 4
+EPOCHS ?= 3
+BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
+
+.PHONY: all deps build test test-cpp test-python demo bench clean
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+# pip drives CMake (setup.py); the stamp keeps a second `make` from rebuilding.
+build/.installed: $(BUILD_SOURCES) scripts/requirements.txt | deps
+	$(PYTHON) -m pip install -q --no-build-isolation --no-deps -e .
+	@touch $@
+
+build: deps build/.installed
+
+test-cpp: build
+	ctest --test-dir build --output-on-failure --no-tests=error
+
+test-python: build
+	$(PYTHON) -m pytest -q tests/python
+
+test: test-cpp test-python
+
+demo: build
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS)
+
+bench: build
+	$(PYTHON) benchmarks/collectives.py
+
+clean:
+	rm -rf build python/gradzip/_C*.so

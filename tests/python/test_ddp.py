@@ -1,0 +1,48 @@
+"""DDP over the gradzip backend trains exactly like DDP over Gloo."""
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ranks import run_ranks
+
+STEPS = 20
+
+
+def small_cnn():
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.MaxPool2d(2), torch.nn.Flatten(),
+        torch.nn.Linear(4 * 5 * 5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
+
+
+def train(rank, group):
+    torch.manual_seed(0)  # the same initial model on every rank and for both groups
+    model = DDP(small_cnn(), process_group=group, bucket_cap_mb=0.001)  # several buckets
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for step in range(STEPS):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        x = torch.randn(8, 1, 12, 12, generator=g)
+        y = torch.randint(0, 10, (8,), generator=g)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def ddp_over_gradzip_and_gloo(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    gloo = dist.new_group(backend="gloo")
+    return train(rank, dist.group.WORLD), train(rank, gloo)
+
+
+def test_ddp_over_gradzip_is_bitwise_ddp_over_gloo():
+    results = run_ranks(ddp_over_gradzip_and_gloo, 3)
+    reference = results[0][1]
+    for rank, (over_gradzip, over_gloo) in enumerate(results):
+        for a, b, c in zip(over_gradzip, over_gloo, reference):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank}: gradzip != gloo"
+            assert torch.equal(a.view(torch.int32), c.view(torch.int32)), f"rank {rank} != rank 0"
+    # the model moved: 20 steps of training happened
+    torch.manual_seed(0)
+    initial = list(small_cnn().parameters())
+    assert any(not torch.equal(p, q) for p, q in zip(initial, reference))

@@ -1,0 +1,158 @@
+"""Bad input gets a clear error that names the problem, on every rank, and nothing hangs."""
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import gradzip
+from ranks import run_ranks
+
+
+def test_unknown_spec_name_lists_the_valid_names():
+    with pytest.raises(gradzip.SpecError, match=r"unknown aggregation 'nope'.*valid names: allreduce"):
+        gradzip.canonical_spec("nope")
+
+
+def test_unknown_key_lists_the_valid_keys():
+    with pytest.raises(gradzip.SpecError, match=r"unknown key 'density' for aggregation 'allreduce'"):
+        gradzip.canonical_spec("allreduce:density=0.1")
+
+
+def test_malformed_spec_says_what_is_wrong():
+    with pytest.raises(ValueError, match=r"'density' is not key=value"):
+        gradzip.canonical_spec("allreduce:density")
+    with pytest.raises(TypeError, match="is a string"):
+        gradzip.canonical_spec(3)
+
+
+def test_options_take_precedence_over_the_environment(monkeypatch):
+    monkeypatch.setenv("GRADZIP_AGGREGATION", "nope")
+    assert gradzip.Options(aggregation=" allreduce ").resolved_spec() == "allreduce"
+    with pytest.raises(gradzip.SpecError, match="unknown aggregation 'nope'"):
+        gradzip.Options().resolved_spec()
+    monkeypatch.delenv("GRADZIP_AGGREGATION")
+    assert gradzip.Options().resolved_spec() == "allreduce"
+    monkeypatch.setenv("GRADZIP_VALIDATE", "sometimes")
+    with pytest.raises(ValueError, match="GRADZIP_VALIDATE"):
+        gradzip.Options().resolved_validate()
+    assert gradzip.Options(validate=False).resolved_validate() is False
+
+
+def init_with(rank, world, how):
+    import gradzip
+    if how == "env":
+        os.environ["GRADZIP_AGGREGATION"] = "allreduce:density=0.1"
+        gradzip.init_process_group("gradzip")
+    elif how == "options":
+        gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="stc-1"))
+    else:
+        gradzip.init_process_group("gradzip", pg_options="allreduce")
+
+
+@pytest.mark.parametrize("how, message", [
+    ("env", "unknown key 'density' for aggregation 'allreduce'"),
+    ("options", "the name 'stc-1' may only hold"),
+    ("wrong_type", "pg_options must be a gradzip.Options, not str"),
+])
+def test_bad_configuration_fails_init_on_every_rank(how, message):
+    with pytest.raises(AssertionError) as failure:
+        run_ranks(init_with, 2, how, timeout=60)
+    text = str(failure.value)
+    assert text.count(message) == 2, text  # both ranks, no hang
+
+
+def mismatched_calls(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    other = world - 1 - rank
+    calls = {
+        "size": lambda: dist.all_reduce(torch.ones(10 + rank)),
+        "dtype": lambda: dist.all_reduce(torch.ones(10, dtype=torch.float32 if rank else torch.float64)),
+        "reduce_op": lambda: dist.all_reduce(torch.ones(4), op=dist.ReduceOp.SUM if rank else dist.ReduceOp.MAX),
+        "collective": lambda: dist.all_reduce(torch.ones(4)) if rank else dist.broadcast(torch.ones(4), src=0),
+        "root": lambda: dist.broadcast(torch.ones(4), src=rank),
+        "broadcast_size": lambda: dist.broadcast(torch.ones(5 + rank), src=0),
+        "all_gather_size": lambda: dist.all_gather_into_tensor(torch.zeros(world * (3 + rank)), torch.ones(3 + rank)),
+        "reduce_scatter_size": lambda: dist.reduce_scatter_tensor(torch.zeros(2 + rank), torch.ones(world * (2 + rank))),
+        "all_to_all_splits": lambda: dist.all_to_all_single(torch.zeros(4), torch.ones(4), [2, 2], [1 + rank, 3 - rank]),
+        "coalesced_sizes": lambda: dist.all_reduce_coalesced([torch.ones(2 + rank), torch.ones(3 - rank)]),
+    }
+    messages = {}
+    for name, call in calls.items():
+        try:
+            call()
+            messages[name] = None
+        except RuntimeError as error:
+            messages[name] = str(error)
+        # The group still works after the refused call.
+        x = torch.full((3,), float(rank + 1))
+        dist.all_reduce(x)
+        assert x.tolist() == [world * (world + 1) / 2] * 3
+    return messages
+
+
+def test_mismatched_calls_are_refused_on_every_rank_without_hanging():
+    results = run_ranks(mismatched_calls, 2, timeout=120)
+    expected = {
+        "size": "rank 0 called all_reduce of Float with 10 elements, SUM; rank 1 called all_reduce of Float with 11",
+        "dtype": "rank 0 called all_reduce of Double",
+        "reduce_op": "rank 0 called all_reduce of Float with 4 elements, MAX; rank 1 called all_reduce of Float with 4 elements, SUM",
+        "collective": "rank 0 called broadcast",
+        "root": "root 0; rank 1 called broadcast of Float with 4 elements, root 1",
+        "broadcast_size": "with 5 elements",
+        "all_gather_size": "all_gather_into_tensor of Float with 3 elements",
+        "reduce_scatter_size": "reduce_scatter_tensor of Float with 2 elements",
+        "all_to_all_splits": "split sizes disagree: rank 0 sends 1 elements to rank 0, which expects 2",
+        "coalesced_sizes": "all_reduce_coalesced of Float with 5 elements in 2 tensors",
+    }
+    for rank, messages in enumerate(results):
+        for name, fragment in expected.items():
+            assert messages[name] is not None, f"rank {rank}: {name} was accepted"
+            assert fragment in messages[name], f"rank {rank}: {name}: {messages[name]}"
+    assert results[0] == results[1]  # the same words on every rank
+
+
+def cuda_without_cuda(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    assert isinstance(backend, gradzip._C.Backend), type(backend)
+    assert backend is dist.group.WORLD._get_backend(torch.device("cuda"))  # one object for both devices
+    assert not backend.has_cuda_transport
+    try:
+        dist.all_reduce(torch.ones(3, device="cuda"))
+    except (RuntimeError, AssertionError) as error:
+        return str(error)
+    return None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_cuda_tensor_without_cuda_is_refused_clearly():
+    for message in run_ranks(cuda_without_cuda, 2, timeout=60):
+        assert message is not None
+        assert "CUDA" in message or "NVIDIA" in message, message
+
+
+def shutdown_twice(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    dist.group.WORLD.shutdown()
+    dist.group.WORLD.shutdown()
+    try:
+        dist.all_reduce(torch.ones(2))
+        refused = None
+    except RuntimeError as error:
+        refused = str(error)
+    dist.destroy_process_group()
+    gradzip.register()  # idempotent
+    gradzip.init_process_group("gradzip")  # a new group after destroy works
+    x = torch.ones(2)
+    dist.all_reduce(x)
+    return refused, x.tolist()
+
+
+def test_shutdown_is_idempotent_and_refuses_later_collectives():
+    for refused, value in run_ranks(shutdown_twice, 2, timeout=60):
+        assert refused is not None and "shut down" in refused, refused
+        assert value == [2.0, 2.0]
