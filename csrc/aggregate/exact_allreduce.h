@@ -1,4 +1,6 @@
-// ExactAllreduce ("allreduce"): the transport's own all-reduce, unchanged.
+// ExactAllreduce ("allreduce"): the transport's own all-reduce, unchanged. Its bytes
+// are counted as a ring all-reduce of the tensor moves them (the transport's own
+// algorithm is not observable from here).
 #pragma once
 
 #include "gradzip/aggregation.h"
@@ -11,7 +13,7 @@ class ExactAllreduce final : public Aggregation {
 
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-      const c10::intrusive_ptr<c10d::Backend>& transport) override;
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) override;
 };
 
 }  // namespace gradzip

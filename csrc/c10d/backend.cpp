@@ -101,7 +101,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(std::vector<at::Tensor>& tenso
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
   verify(call);
-  return aggregation_->allreduce(tensors, opts, transport);
+  return aggregation_->allreduce(tensors, opts, transport, stats_);
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(std::vector<at::Tensor>& tensors,

@@ -59,7 +59,14 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("spec", [](const gradzip::Backend& b) { return b.aggregation().spec().str(); })
       .def_property_readonly("validates", &gradzip::Backend::validates)
-      .def_property_readonly("has_cuda_transport", &gradzip::Backend::has_cuda_transport);
+      .def_property_readonly("has_cuda_transport", &gradzip::Backend::has_cuda_transport)
+      .def("stats",
+           [](gradzip::Backend& b) {
+             const auto s = b.stats().snapshot();
+             return py::dict(py::arg("calls") = s.calls, py::arg("bytes_sent") = s.bytes_sent,
+                             py::arg("bytes_received") = s.bytes_received, py::arg("dense_bytes") = s.dense_bytes);
+           })
+      .def("reset_stats", [](gradzip::Backend& b) { b.stats().reset(); });
 
   m.def(
       "canonical_spec",

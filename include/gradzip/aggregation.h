@@ -15,6 +15,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "gradzip/spec.h"
+#include "gradzip/stats.h"
 
 namespace gradzip {
 
@@ -28,11 +29,12 @@ class Aggregation {
   const Spec& spec() const { return spec_; }
 
   // Reduces `tensors` (c10d's one-tensor list) in place across every rank of
-  // `transport` with opts.reduceOp. The returned Work completes when the result
-  // is in place; its future holds the tensor list, as c10d's allreduce does.
+  // `transport` with opts.reduceOp, and adds the bytes it moves to `stats`. The
+  // returned Work completes when the result is in place; its future holds the
+  // tensor list, as c10d's allreduce does.
   virtual c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-      const c10::intrusive_ptr<c10d::Backend>& transport) = 0;
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) = 0;
 
  private:
   Spec spec_;

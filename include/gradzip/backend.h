@@ -38,6 +38,7 @@ class Backend final : public c10d::Backend {
   const Aggregation& aggregation() const { return *aggregation_; }
   bool validates() const { return check_ != nullptr; }
   bool has_cuda_transport() const { return cuda_ != nullptr; }
+  Stats& stats() { return stats_; }
 
   const std::string getBackendName() const override { return "gradzip"; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
@@ -108,6 +109,7 @@ class Backend final : public c10d::Backend {
   std::unique_ptr<Aggregation> aggregation_;
   std::unique_ptr<CollectiveCheck> check_;
   c10::intrusive_ptr<Options> options_;
+  Stats stats_;
   std::atomic<bool> closed_{false};
 };
 

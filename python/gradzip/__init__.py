@@ -14,6 +14,7 @@ from ._extension import _C
 from .launch import init_process_group, launch_environment
 from .options import Options, SpecError, aggregations, canonical_spec
 from .backend import register
+from .stats import reset_stats, stats
 
 __version__ = "0.1.0"
 
@@ -32,5 +33,5 @@ register()
 
 __all__ = [
     "Options", "SpecError", "aggregations", "canonical_spec", "cuda_architectures", "cuda_built",
-    "init_process_group", "launch_environment", "register",
+    "init_process_group", "launch_environment", "register", "reset_stats", "stats",
 ]

@@ -276,3 +276,31 @@ def subgroup_matches_gloo(rank, world):
 
 def test_subgroup_matches_gloo():
     assert run_ranks(subgroup_matches_gloo, 3) == [True, True, None]
+
+
+def count_bytes(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    gradzip.reset_stats()
+    dist.all_reduce(torch.ones(1000))                       # 4000 bytes
+    dist.all_reduce(torch.ones(1000, dtype=torch.float64))  # 8000 bytes
+    dist.broadcast(torch.ones(10), src=0)                   # not an all_reduce: not counted
+    first = gradzip.stats()
+    gradzip.reset_stats()
+    gloo = dist.new_group(backend="gloo")
+    try:
+        gradzip.stats(gloo)
+        refused = None
+    except ValueError as error:
+        refused = str(error)
+    return first, gradzip.stats(), refused
+
+
+def test_stats_count_the_ring_bytes_of_each_all_reduce():
+    world = 4
+    for first, after_reset, refused in run_ranks(count_bytes, world):
+        ring = 2 * (world - 1) / world
+        assert first == {"calls": 2, "bytes_sent": ring * 12000, "bytes_received": ring * 12000,
+                         "dense_bytes": ring * 8000}
+        assert after_reset == {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "dense_bytes": 0}
+        assert "not 'gradzip'" in refused

@@ -1,0 +1,34 @@
+"""Byte accounting per gradzip process group.
+
+stats(group) returns, for the all_reduce calls of that group since the last reset:
+    calls           number of all_reduce calls
+    bytes_sent      bytes this rank sent
+    bytes_received  bytes this rank received
+    dense_bytes     bytes this rank would have sent with a dense fp32 ring all-reduce
+The exact aggregation ("allreduce") counts what a ring all-reduce of the tensor sends,
+2·(P−1)/P of its bytes: the transport's own algorithm is not observable from gradzip.
+"""
+import torch
+import torch.distributed as dist
+
+from ._extension import _C
+
+
+def _backend(group):
+    if not dist.is_initialized():
+        raise RuntimeError("gradzip.stats: torch.distributed is not initialized")
+    group = group if group is not None else dist.group.WORLD
+    backend = group._get_backend(torch.device("cpu"))
+    if not isinstance(backend, _C.Backend):
+        raise ValueError(f"gradzip.stats: the group's backend is {dist.get_backend(group)!r}, not 'gradzip'")
+    return backend
+
+
+def stats(group=None) -> dict:
+    """The byte counters of `group` (default: the default group), as a dict."""
+    return _backend(group).stats()
+
+
+def reset_stats(group=None) -> None:
+    """Sets the byte counters of `group` (default: the default group) to zero."""
+    _backend(group).reset_stats()
