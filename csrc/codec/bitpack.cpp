@@ -1,0 +1,148 @@
+#include "codec/bitpack.h"
+
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "element_math.cuh"
+
+namespace gradzip::bitpack {
+namespace {
+
+void pack_nonnegative_scalar(const float* x, int64_t n, uint8_t* out, int64_t from) {
+  for (int64_t byte = from / 8; byte * 8 < n; ++byte) {
+    uint32_t bits = 0;
+    for (int j = 0; j < 8 && byte * 8 + j < n; ++j) bits |= math::nonnegative_bit(x[byte * 8 + j]) << j;
+    out[byte] = static_cast<uint8_t>(bits);
+  }
+}
+
+__attribute__((target("avx2"))) int64_t pack_nonnegative_avx2(const float* x, int64_t n, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    // movemask collects the 8 sign bits of 8 floats; inverted, they are the >= 0 bits.
+    const uint32_t b0 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_loadu_ps(x + i)));
+    const uint32_t b1 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_loadu_ps(x + i + 8)));
+    const uint32_t b2 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_loadu_ps(x + i + 16)));
+    const uint32_t b3 = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_loadu_ps(x + i + 24)));
+    const uint32_t word = ~(b0 | (b1 << 8) | (b2 << 16) | (b3 << 24));
+    std::memcpy(out + i / 8, &word, 4);
+  }
+  return i;
+}
+
+__attribute__((target("avx2"))) int64_t add_signs_avx2(const uint8_t* bits, int64_t n, float plus, float minus,
+                                                       float* out) {
+  const __m256i lanes = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+  const __m256 vplus = _mm256_set1_ps(plus), vminus = _mm256_set1_ps(minus);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256i byte = _mm256_set1_epi32(bits[i / 8]);
+    const __m256i set = _mm256_cmpeq_epi32(_mm256_and_si256(byte, lanes), lanes);
+    const __m256 value = _mm256_blendv_ps(vminus, vplus, _mm256_castsi256_ps(set));
+    _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(out + i), value));
+  }
+  return i;
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
+}  // namespace
+
+void pack_nonnegative(const float* x, int64_t n, uint8_t* out) {
+  const int64_t done = kHasAvx2 ? pack_nonnegative_avx2(x, n, out) : 0;
+  pack_nonnegative_scalar(x, n, out, done);
+}
+
+void add_signs(const uint8_t* bits, int64_t n, float plus, float minus, float* out) {
+  int64_t i = kHasAvx2 ? add_signs_avx2(bits, n, plus, minus, out) : 0;
+  for (; i < n; ++i) out[i] += ((bits[i / 8] >> (i % 8)) & 1) ? plus : minus;
+}
+
+void pack_codes(const uint16_t* codes, int64_t n, int width, uint8_t* out) {
+  if (width == 8) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(codes[i]);
+    return;
+  }
+  if (width == 4) {
+    for (int64_t i = 0; i + 1 < n; i += 2) out[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
+    if (n % 2) out[n / 2] = static_cast<uint8_t>(codes[n - 1]);
+    return;
+  }
+  uint64_t buffer = 0;
+  int filled = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    buffer |= static_cast<uint64_t>(codes[i]) << filled;
+    filled += width;
+    while (filled >= 8) {
+      out[at++] = static_cast<uint8_t>(buffer);
+      buffer >>= 8;
+      filled -= 8;
+    }
+  }
+  if (filled > 0) out[at] = static_cast<uint8_t>(buffer);
+}
+
+void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes) {
+  if (width == 8) {
+    for (int64_t i = 0; i < n; ++i) codes[i] = in[i];
+    return;
+  }
+  if (width == 4) {
+    for (int64_t i = 0; i < n; ++i) codes[i] = (in[i / 2] >> ((i % 2) * 4)) & 0xf;
+    return;
+  }
+  const uint64_t mask = (uint64_t{1} << width) - 1;
+  uint64_t buffer = 0;
+  int filled = 0;
+  int64_t at = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    while (filled < width) {
+      buffer |= static_cast<uint64_t>(in[at++]) << filled;
+      filled += 8;
+    }
+    codes[i] = static_cast<uint16_t>(buffer & mask);
+    buffer >>= width;
+    filled -= width;
+  }
+}
+
+void BitWriter::put(uint64_t value, int bits) {
+  buffer_ |= (value & ((uint64_t{1} << bits) - 1)) << filled_;
+  filled_ += bits;
+  while (filled_ >= 8) {
+    out_.push_back(static_cast<uint8_t>(buffer_));
+    buffer_ >>= 8;
+    filled_ -= 8;
+  }
+}
+
+void BitWriter::put_ones(uint64_t count) {
+  for (; count >= 32; count -= 32) put(0xffffffffu, 32);
+  if (count) put((uint64_t{1} << count) - 1, static_cast<int>(count));
+}
+
+void BitWriter::flush() {
+  if (filled_ > 0) out_.push_back(static_cast<uint8_t>(buffer_));
+  buffer_ = 0;
+  filled_ = 0;
+}
+
+uint64_t BitReader::get(int bits) {
+  uint64_t value = 0;
+  for (int b = 0; b < bits; ++b) value |= static_cast<uint64_t>(get_bit()) << b;
+  return value;
+}
+
+bool BitReader::get_bit() {
+  if (position_ >= size_ * 8) {
+    failed_ = true;
+    return false;
+  }
+  const bool bit = (data_[position_ / 8] >> (position_ % 8)) & 1;
+  ++position_;
+  return bit;
+}
+
+}  // namespace gradzip::bitpack

@@ -1,0 +1,51 @@
+// Bit packing for payloads: sign bits (vectorized with AVX2 when the CPU has it,
+// chosen at run time), fixed-width codes, and a bit stream for Golomb-Rice codes.
+// Bits are little-endian: element i's bit is bit (i % 8) of byte i / 8.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gradzip::bitpack {
+
+// out[i/8] bit i%8 = 1 when x[i] >= +0 (sign bit clear). out holds ceil(n/8) bytes.
+void pack_nonnegative(const float* x, int64_t n, uint8_t* out);
+
+// out[i] += bit i ? plus : minus, for i in [0, n).
+void add_signs(const uint8_t* bits, int64_t n, float plus, float minus, float* out);
+
+// Codes of `width` bits (1..16) each, element i at bit offset i × width.
+void pack_codes(const uint16_t* codes, int64_t n, int width, uint8_t* out);
+void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes);
+
+// Writes bits into a growing byte vector; flush() pads the last byte with zeros.
+class BitWriter {
+ public:
+  explicit BitWriter(std::vector<uint8_t>& out) : out_(out) {}
+  void put(uint64_t value, int bits);  // the low `bits` bits of value, bits <= 57
+  void put_ones(uint64_t count);       // `count` one-bits, then nothing
+  void flush();
+
+ private:
+  std::vector<uint8_t>& out_;
+  uint64_t buffer_ = 0;
+  int filled_ = 0;
+};
+
+// Reads bits from `size` bytes; reading past the end sets failed() and returns zeros.
+class BitReader {
+ public:
+  BitReader(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
+  uint64_t get(int bits);
+  bool get_bit();
+  bool failed() const { return failed_; }
+  uint64_t bits_read() const { return position_; }
+
+ private:
+  const uint8_t* data_;
+  uint64_t size_;
+  uint64_t position_ = 0;
+  bool failed_ = false;
+};
+
+}  // namespace gradzip::bitpack

@@ -1,0 +1,36 @@
+// CodecBase: error feedback around a codec's own encoder, the same for every codec.
+#pragma once
+
+#include <vector>
+
+#include "gradzip/codec.h"
+
+namespace gradzip {
+
+class CodecBase : public Codec {
+ public:
+  // u = x (+ residual); encode_values(u); then residual = fl(u − decode(payload)), so
+  // the residual keeps exactly what the receivers did not get.
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+              std::vector<uint8_t>& out) const final;
+
+ protected:
+  // Appends the payload of u[0..n) (header included) to `out`.
+  virtual void encode_values(const float* u, int64_t n, const EncodeContext& ctx,
+                             std::vector<uint8_t>& out) const = 0;
+};
+
+// The codec factories, one per file.
+std::unique_ptr<Codec> make_identity_codec();
+std::unique_ptr<Codec> make_fp16_codec();
+std::unique_ptr<Codec> make_bf16_codec();
+std::unique_ptr<Codec> make_topk_codec(double density, bool approx);
+std::unique_ptr<Codec> make_randomk_codec(double density, bool unbiased);
+std::unique_ptr<Codec> make_stc_codec(double density, bool approx);
+std::unique_ptr<Codec> make_sign_codec(int64_t block);
+std::unique_ptr<Codec> make_qsgd_codec(int levels, int64_t bucket, bool max_norm);
+
+// k = ceil(density × n), clamped to [0, n].
+int64_t count_for_density(double density, int64_t n);
+
+}  // namespace gradzip

@@ -1,0 +1,124 @@
+// qsgd (Alistarh et al., 2017): per bucket of d elements with norm ‖v‖ (L2, or max),
+// each element becomes sign·‖v‖·ξ/s with ξ in 0..s drawn so that E[ξ] = s·|v_i|/‖v‖:
+// unbiased. The random numbers come from Philox4x32-10 keyed by the seed and counted
+// by (element, step, rank), one draw per four elements: runs are reproducible and the
+// ranks draw independently.
+// Body: u8 code width w, u16 levels s, u8 norm (0 L2, 1 max), u32 bucket d,
+// ceil(n/d) fp32 norms, then n codes of w bits: level in the low w−1 bits, sign (1 =
+// negative) in the top bit.
+#include <cmath>
+
+#include "codec/bitpack.h"
+#include "codec/codec_base.h"
+#include "codec/wire.h"
+#include "element_math.cuh"
+
+namespace gradzip {
+namespace {
+
+int code_width(int levels) {
+  int bits = 1;
+  while ((1 << bits) - 1 < levels) ++bits;
+  return bits + 1;  // + the sign bit
+}
+
+class QsgdCodec final : public CodecBase {
+ public:
+  QsgdCodec(int levels, int64_t bucket, bool max_norm) : levels_(levels), bucket_(bucket), max_norm_(max_norm) {}
+  CodecId id() const override { return CodecId::kQsgd; }
+  std::string name() const override { return "qsgd"; }
+  bool biased() const override { return false; }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "qsgd");
+    r.header(id(), n);
+    const int width = r.get<uint8_t>("code width");
+    const uint32_t levels = r.get<uint16_t>("levels");
+    const uint8_t norm = r.get<uint8_t>("norm");
+    const uint32_t bucket = r.get<uint32_t>("bucket");
+    if (levels < 1 || levels > 32767 || width != code_width(static_cast<int>(levels))) {
+      r.fail("levels " + std::to_string(levels) + " with code width " + std::to_string(width));
+    }
+    if (norm > 1) r.fail("unknown norm " + std::to_string(norm));
+    if (bucket == 0) r.fail("bucket size 0");
+    const uint64_t buckets = (static_cast<uint64_t>(n) + bucket - 1) / bucket;
+    const uint8_t* norms = r.take(buckets * 4, "bucket norms");
+    const uint8_t* packed = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * width), "codes");
+    r.finish();
+    std::vector<uint16_t> codes(std::min<int64_t>(n, bucket));
+    const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
+    for (uint64_t b = 0; b < buckets; ++b) {
+      float bucket_norm;
+      std::memcpy(&bucket_norm, norms + 4 * b, 4);
+      const int64_t begin = static_cast<int64_t>(b * bucket), length = std::min<int64_t>(bucket, n - begin);
+      unpack_bucket(packed, begin, length, width, codes.data());
+      const float unit = scale * bucket_norm / static_cast<float>(levels);
+      for (int64_t i = 0; i < length; ++i) {
+        const uint32_t level = codes[i] & (sign_bit - 1);
+        if (level > levels) r.fail("level " + std::to_string(level) + " above " + std::to_string(levels));
+        const float magnitude = unit * static_cast<float>(level);
+        out[begin + i] += (codes[i] & sign_bit) ? -magnitude : magnitude;
+      }
+    }
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    const int width = code_width(levels_);
+    const int64_t buckets = (n + bucket_ - 1) / bucket_;
+    wire::Writer w(out);
+    w.header(id(), n);
+    w.put<uint8_t>(static_cast<uint8_t>(width));
+    w.put<uint16_t>(static_cast<uint16_t>(levels_));
+    w.put<uint8_t>(max_norm_ ? 1 : 0);
+    w.put<uint32_t>(static_cast<uint32_t>(bucket_));
+    uint8_t* norms = w.reserve(buckets * 4);
+    std::vector<uint16_t> codes(n);
+    const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
+    for (int64_t b = 0; b < buckets; ++b) {
+      const int64_t begin = b * bucket_, end = std::min(n, begin + bucket_);
+      double accumulated = 0.0;
+      for (int64_t i = begin; i < end; ++i) {
+        const double v = std::fabs(static_cast<double>(u[i]));
+        accumulated = max_norm_ ? std::max(accumulated, v) : accumulated + v * v;
+      }
+      const float norm = static_cast<float>(max_norm_ ? accumulated : std::sqrt(accumulated));
+      std::memcpy(norms + 4 * b, &norm, 4);
+      const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
+      for (int64_t i = begin; i < end; i += 4) {
+        const auto random = math::philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32),
+                                                static_cast<uint32_t>(ctx.step), ctx.rank,
+                                                static_cast<uint32_t>(ctx.seed), static_cast<uint32_t>(ctx.seed >> 32));
+        for (int64_t j = i; j < std::min(end, i + 4); ++j) {
+          const float ratio = std::fabs(u[j]) * inverse;
+          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random.v[j - i]));
+          codes[j] = static_cast<uint16_t>(level | (math::nonnegative_bit(u[j]) ? 0u : sign_bit));
+        }
+      }
+    }
+    bitpack::pack_codes(codes.data(), n, width, w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * width)));
+  }
+
+ private:
+  // Codes [begin, begin + length) of the packed stream.
+  static void unpack_bucket(const uint8_t* packed, int64_t begin, int64_t length, int width, uint16_t* codes) {
+    const uint64_t first_bit = static_cast<uint64_t>(begin) * width;
+    if (first_bit % 8 == 0) return bitpack::unpack_codes(packed + first_bit / 8, length, width, codes);
+    const uint8_t* start = packed + first_bit / 8;
+    bitpack::BitReader aligned(start, wire::bytes_for_bits(first_bit % 8 + static_cast<uint64_t>(length) * width));
+    aligned.get(static_cast<int>(first_bit % 8));
+    for (int64_t i = 0; i < length; ++i) codes[i] = static_cast<uint16_t>(aligned.get(width));
+  }
+
+  int levels_;
+  int64_t bucket_;
+  bool max_norm_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_qsgd_codec(int levels, int64_t bucket, bool max_norm) {
+  return std::make_unique<QsgdCodec>(levels, bucket, max_norm);
+}
+
+}  // namespace gradzip

@@ -1,0 +1,83 @@
+// randomk: k = ceil(density·n) entries chosen by (seed, step), the same on every rank,
+// so only their values travel; with unbiased=1 they are scaled by n/k.
+// Body: u64 k, u64 seed, u64 step, f32 value scale, k fp32 values (ascending index order).
+#include <algorithm>
+#include <unordered_set>
+
+#include "codec/codec_base.h"
+#include "codec/wire.h"
+#include "element_math.cuh"
+
+namespace gradzip {
+namespace {
+
+// k distinct indices below n, ascending: Floyd's sampling with Philox numbers.
+std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
+  std::vector<int64_t> chosen;
+  chosen.reserve(k);
+  std::unordered_set<int64_t> taken(static_cast<size_t>(k) * 2);
+  for (int64_t j = n - k; j < n; ++j) {
+    const auto r = math::philox4x32_10(static_cast<uint32_t>(j), static_cast<uint32_t>(j >> 32),
+                                       static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32),
+                                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    const uint64_t wide = (static_cast<uint64_t>(r.v[0]) << 32) | r.v[1];
+    const int64_t t = static_cast<int64_t>(wide % static_cast<uint64_t>(j + 1));
+    const int64_t pick = taken.insert(t).second ? t : j;
+    if (pick == j) taken.insert(j);
+    chosen.push_back(pick);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+class RandomKCodec final : public CodecBase {
+ public:
+  RandomKCodec(double density, bool unbiased) : density_(density), unbiased_(unbiased) {}
+  CodecId id() const override { return CodecId::kRandomK; }
+  std::string name() const override { return "randomk"; }
+  bool biased() const override { return !unbiased_; }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "randomk");
+    r.header(id(), n);
+    const uint64_t k = r.get<uint64_t>("k");
+    const uint64_t seed = r.get<uint64_t>("seed");
+    const uint64_t step = r.get<uint64_t>("step");
+    const float value_scale = r.get<float>("value scale");
+    if (k > static_cast<uint64_t>(n)) r.fail("k = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
+    const uint8_t* values = r.take(k * 4, "values");
+    r.finish();
+    const auto chosen = sample_indices(n, static_cast<int64_t>(k), seed, step);
+    for (uint64_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, values + 4 * j, 4);
+      out[chosen[j]] += scale * (value_scale * v);
+    }
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    const int64_t k = count_for_density(density_, n);
+    const auto chosen = sample_indices(n, k, ctx.seed, ctx.step);
+    wire::Writer w(out);
+    w.header(id(), n);
+    w.put<uint64_t>(k);
+    w.put<uint64_t>(ctx.seed);
+    w.put<uint64_t>(ctx.step);
+    w.put<float>(unbiased_ && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f);
+    uint8_t* values = w.reserve(k * 4);
+    for (int64_t j = 0; j < k; ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
+  }
+
+ private:
+  double density_;
+  bool unbiased_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_randomk_codec(double density, bool unbiased) {
+  return std::make_unique<RandomKCodec>(density, unbiased);
+}
+
+}  // namespace gradzip

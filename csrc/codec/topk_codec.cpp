@@ -1,0 +1,77 @@
+// topk: the k = ceil(density·n) entries of largest magnitude, as (index, value) pairs.
+// Body: u64 k, u8 index width (4 or 8 bytes), k ascending indices, k fp32 values.
+#include "codec/codec_base.h"
+#include "codec/topk_select.h"
+#include "codec/wire.h"
+
+namespace gradzip {
+namespace {
+
+class TopKCodec final : public CodecBase {
+ public:
+  TopKCodec(double density, bool approx) : density_(density), approx_(approx) {}
+  CodecId id() const override { return CodecId::kTopK; }
+  std::string name() const override { return "topk"; }
+  bool biased() const override { return true; }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "topk");
+    r.header(id(), n);
+    const uint64_t k = r.get<uint64_t>("k");
+    const uint8_t width = r.get<uint8_t>("index width");
+    if (k > static_cast<uint64_t>(n)) r.fail("k = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
+    if (width != 4 && width != 8) r.fail("index width " + std::to_string(width) + " is neither 4 nor 8");
+    const uint8_t* indices = r.take(k * width, "indices");
+    const uint8_t* values = r.take(k * 4, "values");
+    r.finish();
+    // Check every index before writing any: strictly ascending and below n.
+    int64_t previous = -1;
+    for (uint64_t j = 0; j < k; ++j) {
+      const int64_t index = read_index(indices, j, width);
+      if (index <= previous || index >= n) {
+        r.fail("index " + std::to_string(index) + " at position " + std::to_string(j) +
+               " is out of range or not ascending");
+      }
+      previous = index;
+    }
+    for (uint64_t j = 0; j < k; ++j) {
+      float v;
+      std::memcpy(&v, values + 4 * j, 4);
+      out[read_index(indices, j, width)] += scale * v;
+    }
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+    std::vector<int64_t> chosen;
+    const int64_t k = count_for_density(density_, n);
+    approx_ ? select_topk_approx(u, n, k, chosen) : select_topk(u, n, k, chosen);
+    const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
+    wire::Writer w(out);
+    w.header(id(), n);
+    w.put<uint64_t>(chosen.size());
+    w.put<uint8_t>(width);
+    uint8_t* indices = w.reserve(chosen.size() * width);
+    for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(indices + j * width, &chosen[j], width);
+    uint8_t* values = w.reserve(chosen.size() * 4);
+    for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
+  }
+
+ private:
+  static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
+    uint64_t index = 0;
+    std::memcpy(&index, indices + j * width, width);
+    return index > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(index);
+  }
+
+  double density_;
+  bool approx_;
+};
+
+}  // namespace
+
+std::unique_ptr<Codec> make_topk_codec(double density, bool approx) {
+  return std::make_unique<TopKCodec>(density, approx);
+}
+
+}  // namespace gradzip

@@ -1,0 +1,20 @@
+// Selection of the k entries of largest magnitude, without sorting.
+//
+// select_topk: exact. One 11-bit histogram pass over the magnitude bits (the sign-cleared
+// float bits order like |x|), nth_element on the boundary bucket's candidates only,
+// then a filter pass. Ties at the threshold go to the lower indices, so every rank and
+// every run agree. NaN counts as larger than +Inf.
+// select_topk_approx: the threshold comes from a contiguous sample of about 1% of the
+// elements; it returns every entry at or above it (about k of them, at least one when k > 0).
+// Both return the chosen indices in ascending order.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace gradzip {
+
+void select_topk(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices);
+void select_topk_approx(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices);
+
+}  // namespace gradzip

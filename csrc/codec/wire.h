@@ -1,0 +1,83 @@
+// Little-endian byte writing and bounds-checked reading for payloads.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "gradzip/codec.h"
+
+namespace gradzip::wire {
+
+class Writer {
+ public:
+  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+
+  template <typename T>
+  void put(T value) {
+    const size_t at = out_.size();
+    out_.resize(at + sizeof(T));
+    std::memcpy(out_.data() + at, &value, sizeof(T));  // x86-64 and CUDA hosts are little-endian
+  }
+  // Reserves `bytes` zeroed bytes and returns where they start (valid until the next put).
+  uint8_t* reserve(size_t bytes) {
+    const size_t at = out_.size();
+    out_.resize(at + bytes, 0);
+    return out_.data() + at;
+  }
+  void header(CodecId codec, uint64_t numel) {
+    put<uint16_t>(0x5A47);  // "GZ"
+    put<uint8_t>(kWireVersion);
+    put<uint8_t>(static_cast<uint8_t>(codec));
+    put<uint32_t>(0);  // reserved
+    put<uint64_t>(numel);
+  }
+
+ private:
+  std::vector<uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  Reader(const uint8_t* data, size_t size, const char* codec) : data_(data), size_(size), codec_(codec) {}
+
+  template <typename T>
+  T get(const char* field) {
+    need(sizeof(T), field);
+    T value;
+    std::memcpy(&value, data_ + at_, sizeof(T));
+    at_ += sizeof(T);
+    return value;
+  }
+  // The next `bytes` bytes; throws when fewer are left.
+  const uint8_t* take(uint64_t bytes, const char* field) {
+    need(bytes, field);
+    const uint8_t* p = data_ + at_;
+    at_ += bytes;
+    return p;
+  }
+  // Skips the header after checking it names this codec and n elements.
+  void header(CodecId codec, int64_t n);
+  // Throws unless every byte was read.
+  void finish() const;
+  [[noreturn]] void fail(const std::string& why) const;
+
+ private:
+  void need(uint64_t bytes, const char* field) const {
+    if (bytes > size_ - at_) {
+      fail(std::string("truncated: ") + field + " needs " + std::to_string(bytes) + " bytes at offset " +
+           std::to_string(at_) + ", only " + std::to_string(size_ - at_) + " left");
+    }
+  }
+
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+  const char* codec_;
+};
+
+// Bytes needed for `bits` bits.
+inline uint64_t bytes_for_bits(uint64_t bits) { return (bits + 7) / 8; }
+
+}  // namespace gradzip::wire

@@ -1,0 +1,124 @@
+// Per-element math shared by the CPU codecs (csrc/codec) and the CUDA kernels:
+// __host__ __device__ inline functions on plain values, no memory, no state.
+// The CPU tests exercise them; the GPU build compiles the very same code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define GZ_HD __host__ __device__ __forceinline__
+#else
+#define GZ_HD inline
+#endif
+
+namespace gradzip::math {
+
+GZ_HD uint32_t float_bits(float x) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+
+GZ_HD float bits_float(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float x;
+  std::memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+// |x| as an unsigned key whose order is the order of |x| (NaN above +Inf).
+GZ_HD uint32_t magnitude_key(float x) { return float_bits(x) & 0x7fffffffu; }
+
+// 1 for x >= +0 (and +NaN), 0 for x <= -0 (and -NaN): the sign bit, inverted.
+GZ_HD uint32_t nonnegative_bit(float x) { return (float_bits(x) >> 31) ^ 1u; }
+
+// fp32 -> IEEE half, round to nearest even; overflow to Inf, NaN stays NaN.
+GZ_HD uint16_t float_to_half(float x) {
+  const uint32_t u = float_bits(x);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t abs = u & 0x7fffffffu;
+  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
+  if (abs < 0x38800000u) {  // half subnormal or zero: scale by 2^24 and round
+    const float magnitude = bits_float(abs) * 16777216.0f;  // exact: a power of two
+    uint32_t m = static_cast<uint32_t>(magnitude);
+    const float rest = magnitude - static_cast<float>(m);
+    if (rest > 0.5f || (rest == 0.5f && (m & 1u))) ++m;
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);  // round to nearest even at bit 13
+  return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
+}
+
+GZ_HD float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1fu;
+  const uint32_t mantissa = h & 0x3ffu;
+  if (exponent == 0) {  // zero or subnormal: mantissa * 2^-24
+    const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
+    return bits_float(float_bits(magnitude) | sign);
+  }
+  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
+}
+
+// fp32 -> bfloat16, round to nearest even; NaN stays NaN.
+GZ_HD uint16_t float_to_bf16(float x) {
+  const uint32_t u = float_bits(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+GZ_HD float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
+
+// Philox4x32-10 (Salmon et al., SC'11): four 32-bit random words from a 128-bit
+// counter and a 64-bit key. Counter-based, so any element's numbers can be made
+// anywhere, in any order, on the CPU or the GPU alike.
+struct Philox4 {
+  uint32_t v[4];
+};
+
+GZ_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t& hi, uint32_t& lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * b;
+  hi = static_cast<uint32_t>(p >> 32);
+  lo = static_cast<uint32_t>(p);
+}
+
+GZ_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  for (int round = 0; round < 10; ++round) {
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_mulhilo(0xD2511F53u, c0, hi0, lo0);
+    philox_mulhilo(0xCD9E8D57u, c2, hi1, lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0;
+    c1 = n1;
+    c2 = n2;
+    c3 = n3;
+    k0 += 0x9E3779B9u;
+    k1 += 0xBB67AE85u;
+  }
+  return {{c0, c1, c2, c3}};
+}
+
+// A uniform float in [0, 1) from 24 random bits.
+GZ_HD float uniform01(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
+
+// QSGD's stochastic level of |v|/norm with s levels: floor(s·r) + 1 with probability
+// s·r − floor(s·r), else floor(s·r); `u` is uniform in [0, 1). Returns 0..s.
+GZ_HD uint32_t qsgd_level(float ratio, uint32_t levels, float u) {
+  float scaled = ratio * static_cast<float>(levels);
+  if (!(scaled > 0.0f)) return 0;  // 0, or NaN ratio (a zero-norm bucket)
+  if (scaled >= static_cast<float>(levels)) return levels;
+  const uint32_t low = static_cast<uint32_t>(scaled);
+  return low + (u < scaled - static_cast<float>(low) ? 1u : 0u);
+}
+
+}  // namespace gradzip::math

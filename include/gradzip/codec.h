@@ -1,0 +1,95 @@
+// Codec: a compressor of float tensors into self-describing bytes, and back.
+//
+// Codecs work on plain memory: no torch, no communication, usable by anything that
+// moves bytes (a federated server, a file). encode() turns n floats into a payload
+// (docs/wire-format.md: a 16-byte header with magic, version, codec id and element
+// count, then the codec's sections). decode_add() checks every length, count and
+// index of a payload before it writes anything outside what it was given, and throws
+// PayloadError naming the problem for a truncated, corrupt or hostile payload.
+//
+// Error feedback: given a residual e, encode() compresses u = x + e and leaves
+// e = fl(u − sent), where sent is exactly what decode_add() of the payload yields.
+// All codecs are deterministic: the same input, residual and context give the same
+// bytes on every machine.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gradzip/spec.h"
+
+namespace gradzip {
+
+class PayloadError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// What makes a codec's random choices reproducible: random-k and QSGD draw their
+// numbers from (seed, step, rank, element) with a counter-based generator.
+struct EncodeContext {
+  uint64_t seed = 0;
+  uint64_t step = 0;  // advanced by the caller after each encode of the same tensor
+  uint32_t rank = 0;  // random-k ignores it: all ranks pick the same elements
+};
+
+enum class CodecId : uint8_t {
+  kIdentity = 1,
+  kFp16 = 2,
+  kBf16 = 3,
+  kTopK = 4,
+  kRandomK = 5,
+  kStc = 6,
+  kSign = 7,
+  kQsgd = 8,
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  virtual CodecId id() const = 0;
+  virtual std::string name() const = 0;
+  // True when the codec is biased and error feedback is on by default (top-k, STC, sign).
+  virtual bool biased() const = 0;
+
+  // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
+  // compresses x + residual and leaves in `residual` what was not sent.
+  virtual void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+                      std::vector<uint8_t>& out) const = 0;
+
+  // Adds scale × the payload's values to out[0..n). Throws PayloadError when the
+  // payload is not a valid payload of this codec for n elements.
+  virtual void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale = 1.0f) const = 0;
+};
+
+// The payload header, as decoded by read_payload_header().
+struct PayloadHeader {
+  CodecId codec;
+  uint8_t version;
+  uint64_t numel;
+};
+constexpr size_t kPayloadHeaderBytes = 16;
+constexpr uint8_t kWireVersion = 1;
+
+// Reads and checks the header: magic, version, a known codec id. Throws PayloadError.
+PayloadHeader read_payload_header(const uint8_t* data, size_t size);
+
+// One registered codec: its spec name, summary, keys and defaults (for error messages).
+struct CodecKind {
+  std::string name;
+  std::string summary;
+  std::vector<std::string> keys;
+};
+const std::vector<CodecKind>& codec_kinds();
+
+// The codec a spec names, e.g. "topk:density=0.01". Keys that are not the codec's are
+// ignored here (aggregations add their own); values are checked. Throws SpecError.
+std::unique_ptr<Codec> make_codec(const Spec& spec);
+
+// The codec that wrote a payload, with the parameters its decoder needs from the header.
+std::unique_ptr<Codec> codec_for_payload(const uint8_t* data, size_t size);
+
+}  // namespace gradzip

@@ -1,0 +1,336 @@
+// Every codec on random inputs: what decodes, error feedback, determinism, and
+// refusal of truncated, corrupt and hostile payloads.
+#include "gradzip/codec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+
+#include "element_math.cuh"
+
+namespace gradzip {
+namespace {
+
+std::vector<float> random_input(int64_t n, int seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> x(n);
+  for (auto& v : x) v = normal(rng);
+  return x;
+}
+
+std::vector<uint8_t> encode(const std::string& spec, const std::vector<float>& x, float* residual = nullptr,
+                            EncodeContext ctx = {}) {
+  std::vector<uint8_t> out;
+  make_codec(parse_spec(spec))->encode(x.data(), static_cast<int64_t>(x.size()), residual, ctx, out);
+  return out;
+}
+
+std::vector<float> decode(const std::vector<uint8_t>& payload, int64_t n) {
+  std::vector<float> out(n, 0.0f);
+  codec_for_payload(payload.data(), payload.size())->decode_add(payload.data(), payload.size(), out.data(), n);
+  return out;
+}
+
+const std::vector<std::string> kSpecs = {
+    "identity", "fp16", "bf16", "topk:density=0.01", "topk:density=0.1,approx=1", "randomk:density=0.05",
+    "stc:density=0.01", "stc:density=0.3", "sign", "sign:vote=majority", "sign:block=100",
+    "qsgd:bits=4", "qsgd:bits=8,bucket=128", "qsgd:levels=1,norm=max", "qsgd:bits=3,bucket=100"};
+
+TEST(CodecTest, HeaderNamesCodecAndCount) {
+  for (const auto& spec : kSpecs) {
+    const auto payload = encode(spec, random_input(1000, 1));
+    const auto header = read_payload_header(payload.data(), payload.size());
+    EXPECT_EQ(header.numel, 1000u) << spec;
+    EXPECT_EQ(header.version, kWireVersion);
+    EXPECT_EQ(make_codec(parse_spec(spec))->id(), header.codec) << spec;
+  }
+}
+
+TEST(CodecTest, EncodingIsDeterministic) {
+  const auto x = random_input(5000, 2);
+  for (const auto& spec : kSpecs) {
+    EncodeContext ctx{42, 3, 1};
+    EXPECT_EQ(encode(spec, x, nullptr, ctx), encode(spec, x, nullptr, ctx)) << spec;
+  }
+}
+
+TEST(CodecTest, LosslessCodecsRoundTrip) {
+  const auto x = random_input(1023, 3);
+  const auto identity = decode(encode("identity", x), 1023);
+  const auto fp16 = decode(encode("fp16", x), 1023);
+  const auto bf16 = decode(encode("bf16", x), 1023);
+  for (int i = 0; i < 1023; ++i) {
+    ASSERT_EQ(math::float_bits(identity[i]), math::float_bits(x[i]));
+    ASSERT_EQ(fp16[i], math::half_to_float(math::float_to_half(x[i])));
+    ASSERT_EQ(bf16[i], math::bf16_to_float(math::float_to_bf16(x[i])));
+  }
+}
+
+TEST(CodecTest, TopKSendsExactlyTheLargest) {
+  const int64_t n = 10000;
+  const auto x = random_input(n, 4);
+  const auto payload = encode("topk:density=0.01", x);
+  EXPECT_EQ(payload.size(), kPayloadHeaderBytes + 9 + 100 * 8u);  // 32-bit indices + fp32 values
+  const auto decoded = decode(payload, n);
+  std::vector<float> magnitudes;
+  for (float v : x) magnitudes.push_back(std::fabs(v));
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + 99, magnitudes.end(), std::greater<>());
+  int sent = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (decoded[i] != 0.0f) {
+      ++sent;
+      ASSERT_EQ(decoded[i], x[i]);
+      ASSERT_GE(std::fabs(x[i]), magnitudes[99]);
+    }
+  }
+  EXPECT_EQ(sent, 100);
+}
+
+TEST(CodecTest, TopKWithAtMostKNonZerosIsLossless) {
+  std::vector<float> x(1000, 0.0f);
+  x[3] = 2.5f;
+  x[999] = -1.0f;
+  EXPECT_EQ(decode(encode("topk:density=0.01", x), 1000), x);
+}
+
+TEST(CodecTest, StcSendsMeanMagnitudeWithSigns) {
+  const int64_t n = 20000;
+  const auto x = random_input(n, 5);
+  for (const char* spec : {"stc:density=0.01", "stc:density=0.5"}) {  // Golomb and bitmap positions
+    const auto decoded = decode(encode(spec, x), n);
+    const auto topk = decode(encode(std::string("topk") + (spec + 3), x), n);
+    double sum = 0;
+    int k = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (topk[i] != 0.0f) {
+        sum += std::fabs(static_cast<double>(x[i]));
+        ++k;
+      }
+    }
+    const float mu = static_cast<float>(sum / k);
+    for (int64_t i = 0; i < n; ++i) {
+      const float expected = topk[i] == 0.0f ? 0.0f : (x[i] >= 0 ? mu : -mu);
+      ASSERT_EQ(decoded[i], expected) << spec << " at " << i;
+    }
+  }
+}
+
+TEST(CodecTest, StcIsAboutATenthOfABitPerElementAtOnePercent) {
+  const int64_t n = 1000000;
+  const auto payload = encode("stc:density=0.01", random_input(n, 6));
+  const double bits_per_element = 8.0 * payload.size() / n;
+  EXPECT_LT(bits_per_element, 0.11) << bits_per_element;  // the paper: about 0.10
+  EXPECT_GT(bits_per_element, 0.08);
+}
+
+TEST(CodecTest, SignSendsOneBitAndBlockScales) {
+  const int64_t n = 1000;
+  const auto x = random_input(n, 7);
+  const auto plain = decode(encode("sign:vote=majority", x), n);
+  const auto scaled = decode(encode("sign:block=100", x), n);
+  EXPECT_EQ(encode("sign:vote=majority", x).size(), kPayloadHeaderBytes + 4 + 125);
+  for (int64_t b = 0; b < 10; ++b) {
+    double l1 = 0;
+    for (int64_t i = b * 100; i < (b + 1) * 100; ++i) l1 += std::fabs(static_cast<double>(x[i]));
+    const float s = static_cast<float>(l1 / 100);
+    for (int64_t i = b * 100; i < (b + 1) * 100; ++i) {
+      ASSERT_EQ(plain[i], x[i] >= 0 ? 1.0f : -1.0f);
+      ASSERT_EQ(scaled[i], x[i] >= 0 ? s : -s);
+    }
+  }
+}
+
+TEST(CodecTest, RandomKPicksTheSameElementsOnEveryRank) {
+  const int64_t n = 5000;
+  const auto x = random_input(n, 8);
+  const auto a = decode(encode("randomk:density=0.02", x, nullptr, {9, 4, 0}), n);
+  const auto b = decode(encode("randomk:density=0.02", x, nullptr, {9, 4, 3}), n);
+  const auto c = decode(encode("randomk:density=0.02", x, nullptr, {9, 5, 0}), n);
+  EXPECT_EQ(a, b);  // rank does not matter
+  EXPECT_NE(a, c);  // the step does
+  int chosen = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (a[i] != 0.0f) {
+      ++chosen;
+      ASSERT_FLOAT_EQ(a[i], x[i] * 50.0f);  // unbiased: scaled by n/k
+    }
+  }
+  EXPECT_EQ(chosen, 100);
+}
+
+TEST(CodecTest, QsgdIsUnbiasedWithinItsVarianceBound) {
+  const int64_t n = 512;
+  const auto x = random_input(n, 9);
+  const int draws = 4000;
+  for (const char* spec : {"qsgd:bits=4", "qsgd:levels=1,norm=max", "qsgd:bits=2"}) {
+    std::vector<double> mean(n, 0.0);
+    double squared_error = 0;
+    for (int step = 0; step < draws; ++step) {
+      const auto q = decode(encode(spec, x, nullptr, {1, static_cast<uint64_t>(step), 0}), n);
+      for (int64_t i = 0; i < n; ++i) {
+        mean[i] += q[i] / draws;
+        squared_error += (q[i] - x[i]) * static_cast<double>(q[i] - x[i]) / draws;
+      }
+    }
+    double norm2 = 0, bias2 = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      norm2 += x[i] * static_cast<double>(x[i]);
+      bias2 += (mean[i] - x[i]) * (mean[i] - x[i]);
+    }
+    // Unbiased: the mean of `draws` draws is off by the sampling error only, whose
+    // expected squared norm is E‖Q − x‖² / draws; allow 3× that.
+    EXPECT_LT(bias2, 3.0 * squared_error / draws) << spec;
+    if (std::string(spec) == "qsgd:bits=4") {
+      // Alistarh et al., Lemma 3.1: E‖Q(v) − v‖² ≤ min(d/s², √d/s)·‖v‖², here s = 7, d = 512.
+      EXPECT_LE(squared_error, std::min(512.0 / 49.0, std::sqrt(512.0) / 7.0) * norm2) << spec;
+    }
+  }
+}
+
+TEST(CodecTest, QsgdLevelsAreBoundedByTheNorm) {
+  const auto x = random_input(1000, 10);
+  const auto q = decode(encode("qsgd:bits=8,bucket=1000,norm=max", x), 1000);
+  float max_abs = 0;
+  for (float v : x) max_abs = std::max(max_abs, std::fabs(v));
+  for (int i = 0; i < 1000; ++i) {
+    ASSERT_LE(std::fabs(q[i]), max_abs * 1.0001f);
+    ASSERT_LE(std::fabs(q[i] - x[i]), max_abs / 127 * 1.0001f);  // within one level
+  }
+}
+
+TEST(CodecTest, ErrorFeedbackKeepsWhatWasNotSent) {
+  const int64_t n = 3000;
+  for (const auto& spec : kSpecs) {
+    std::vector<float> residual = random_input(n, 11, 0.1f);
+    const auto x = random_input(n, 12);
+    const std::vector<float> old_residual = residual;
+    const auto payload = encode(spec, x, residual.data(), {5, 1, 2});
+    const auto sent = decode(payload, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float u = x[i] + old_residual[i];
+      ASSERT_EQ(math::float_bits(residual[i]), math::float_bits(u - sent[i])) << spec << " at " << i;
+      if (spec.rfind("topk", 0) == 0) ASSERT_EQ(sent[i] + residual[i], u);  // exact: sent is u or 0
+    }
+    // The payload compresses u = x + residual, not x.
+    std::vector<float> u(n);
+    for (int64_t i = 0; i < n; ++i) u[i] = x[i] + old_residual[i];
+    EXPECT_EQ(payload, encode(spec, u, nullptr, {5, 1, 2})) << spec;
+  }
+}
+
+TEST(CodecTest, EmptyAndTinyTensors) {
+  for (const auto& spec : kSpecs) {
+    for (int64_t n : {0, 1, 3}) {
+      const auto x = random_input(n, 13);
+      const auto decoded = decode(encode(spec, x), n);
+      EXPECT_EQ(decoded.size(), static_cast<size_t>(n)) << spec;
+    }
+  }
+}
+
+TEST(CodecTest, NonFiniteInputsPropagate) {
+  std::vector<float> x = random_input(1000, 14);
+  x[10] = std::nanf("");
+  x[500] = std::numeric_limits<float>::infinity();
+  for (const auto& spec : kSpecs) {
+    if (spec == "sign:vote=majority" || spec.rfind("randomk", 0) == 0) continue;  // documented exceptions
+    const auto decoded = decode(encode(spec, x), 1000);
+    bool non_finite = false;
+    for (float v : decoded) non_finite |= !std::isfinite(v);
+    EXPECT_TRUE(non_finite) << spec << " hid a NaN/Inf input";
+  }
+}
+
+TEST(CodecTest, EveryTruncationIsRefused) {
+  const auto x = random_input(300, 15);
+  for (const auto& spec : kSpecs) {
+    const auto payload = encode(spec, x);
+    const auto codec = make_codec(parse_spec(spec));
+    std::vector<float> out(300);
+    for (size_t cut = 0; cut < payload.size(); ++cut) {
+      EXPECT_THROW(codec->decode_add(payload.data(), cut, out.data(), 300), PayloadError) << spec << " cut " << cut;
+    }
+    std::vector<uint8_t> longer = payload;
+    longer.push_back(0);
+    EXPECT_THROW(codec->decode_add(longer.data(), longer.size(), out.data(), 300), PayloadError) << spec;
+  }
+}
+
+TEST(CodecTest, WrongCountCodecOrVersionIsRefusedByName) {
+  const auto payload = encode("topk:density=0.1", random_input(100, 16));
+  std::vector<float> out(101);
+  try {
+    make_codec(parse_spec("topk"))->decode_add(payload.data(), payload.size(), out.data(), 101);
+    FAIL();
+  } catch (const PayloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 100 elements, the output has 101"), std::string::npos) << e.what();
+  }
+  try {
+    make_codec(parse_spec("stc"))->decode_add(payload.data(), payload.size(), out.data(), 100);
+    FAIL();
+  } catch (const PayloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("a topk payload given to the stc decoder"), std::string::npos) << e.what();
+  }
+  auto bad_version = payload;
+  bad_version[2] = 9;
+  EXPECT_THROW(read_payload_header(bad_version.data(), bad_version.size()), PayloadError);
+  auto bad_magic = payload;
+  bad_magic[0] ^= 1;
+  EXPECT_THROW(read_payload_header(bad_magic.data(), bad_magic.size()), PayloadError);
+}
+
+TEST(CodecTest, HostileIndicesAreRefusedBeforeAnyWrite) {
+  auto payload = encode("topk:density=0.1", random_input(100, 17));
+  // The 10 indices start after header (16), k (8) and width (1).
+  uint32_t huge = 1000000;
+  std::memcpy(payload.data() + 25 + 4 * 5, &huge, 4);
+  std::vector<float> out(100, 0.0f);
+  EXPECT_THROW(decode(payload, 100), PayloadError);
+  const auto codec = make_codec(parse_spec("topk"));
+  EXPECT_THROW(codec->decode_add(payload.data(), payload.size(), out.data(), 100), PayloadError);
+  EXPECT_EQ(out, std::vector<float>(100, 0.0f));  // nothing written before the check failed
+}
+
+TEST(CodecTest, RandomCorruptionNeverWritesOutOfBounds) {
+  const int64_t n = 257;
+  std::mt19937 rng(18);
+  for (const auto& spec : kSpecs) {
+    const auto payload = encode(spec, random_input(n, 19));
+    for (int trial = 0; trial < 300; ++trial) {
+      auto corrupt = payload;
+      const int flips = 1 + trial % 4;
+      for (int f = 0; f < flips; ++f) corrupt[rng() % corrupt.size()] ^= static_cast<uint8_t>(1u << (rng() % 8));
+      // Guard zones around the output catch a write outside [0, n).
+      std::vector<float> guarded(n + 64, 7.0f);
+      try {
+        codec_for_payload(corrupt.data(), corrupt.size())
+            ->decode_add(corrupt.data(), corrupt.size(), guarded.data() + 32, n);
+      } catch (const PayloadError&) {
+      }
+      for (int g = 0; g < 32; ++g) {
+        ASSERT_EQ(guarded[g], 7.0f) << spec;
+        ASSERT_EQ(guarded[n + 32 + g], 7.0f) << spec;
+      }
+    }
+  }
+}
+
+TEST(CodecTest, BadSpecValuesAreRefused) {
+  for (const char* spec : {"topk:density=0", "topk:density=1.5", "qsgd:bits=1", "qsgd:bits=4,levels=3",
+                           "qsgd:norm=l1", "sign:vote=maybe", "sign:vote=majority,block=8", "qsgd:bucket=0"}) {
+    EXPECT_THROW(make_codec(parse_spec(spec)), SpecError) << spec;
+  }
+  try {
+    make_codec(parse_spec("zfp"));
+    FAIL();
+  } catch (const SpecError& e) {
+    EXPECT_NE(std::string(e.what()).find("valid codecs: identity, fp16, bf16, topk"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace gradzip

@@ -1,0 +1,92 @@
+// The element math shared with the CUDA kernels, against torch's own conversions and
+// the published Philox known answers.
+#include "element_math.cuh"
+
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+namespace gradzip::math {
+namespace {
+
+std::vector<float> interesting_floats() {
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.0f, 65520.0f, 1e-8f, 5.96e-8f, 2.98e-8f,
+                               6.1e-5f, 6.097e-5f, std::numeric_limits<float>::infinity(),
+                               -std::numeric_limits<float>::infinity(), std::numeric_limits<float>::max(),
+                               std::numeric_limits<float>::denorm_min(), 3.0e38f, 1.00048828125f, 1.000732421875f};
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 200000; ++i) {
+    const float f = bits_float(bits(rng));
+    if (!std::isnan(f)) values.push_back(f);
+  }
+  std::normal_distribution<float> normal(0.0f, 1e-3f);
+  for (int i = 0; i < 100000; ++i) values.push_back(normal(rng));
+  return values;
+}
+
+TEST(ElementMathTest, HalfMatchesTorch) {
+  for (float f : interesting_floats()) {
+    const uint16_t ours = float_to_half(f);
+    ASSERT_EQ(ours, c10::Half(f).x) << f;
+    ASSERT_EQ(float_bits(half_to_float(ours)), float_bits(static_cast<float>(c10::Half(f)))) << f;
+  }
+  EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
+}
+
+TEST(ElementMathTest, Bf16MatchesTorch) {
+  for (float f : interesting_floats()) {
+    ASSERT_EQ(float_to_bf16(f), c10::BFloat16(f).x) << f;
+    ASSERT_EQ(float_bits(bf16_to_float(float_to_bf16(f))), float_bits(static_cast<float>(c10::BFloat16(f))));
+  }
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+}
+
+TEST(ElementMathTest, PhiloxKnownAnswers) {
+  // Known-answer vectors of Philox4x32-10 (Salmon et al., SC'11, Random123).
+  auto a = philox4x32_10(0, 0, 0, 0, 0, 0);
+  EXPECT_EQ(a.v[0], 0x6627e8d5u);
+  EXPECT_EQ(a.v[1], 0xe169c58du);
+  EXPECT_EQ(a.v[2], 0xbc57ac4cu);
+  EXPECT_EQ(a.v[3], 0x9b00dbd8u);
+  auto b = philox4x32_10(0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u, 0xa4093822u, 0x299f31d0u);
+  EXPECT_EQ(b.v[0], 0xd16cfe09u);
+  EXPECT_EQ(b.v[1], 0x94fdccebu);
+  EXPECT_EQ(b.v[2], 0x5001e420u);
+  EXPECT_EQ(b.v[3], 0x24126ea1u);
+}
+
+TEST(ElementMathTest, MagnitudeKeyOrdersLikeAbs) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 10.0f);
+  for (int i = 0; i < 100000; ++i) {
+    const float a = normal(rng), b = normal(rng);
+    ASSERT_EQ(magnitude_key(a) < magnitude_key(b), std::fabs(a) < std::fabs(b));
+  }
+  EXPECT_GT(magnitude_key(std::nanf("")), magnitude_key(std::numeric_limits<float>::infinity()));
+  EXPECT_EQ(nonnegative_bit(0.0f), 1u);
+  EXPECT_EQ(nonnegative_bit(-0.0f), 0u);
+}
+
+TEST(ElementMathTest, QsgdLevelIsUnbiasedAndBounded) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+  for (float ratio : {0.0f, 0.1f, 0.33f, 0.5f, 0.99f, 1.0f}) {
+    double sum = 0;
+    const int draws = 200000;
+    for (int i = 0; i < draws; ++i) {
+      const uint32_t level = qsgd_level(ratio, 7, uniform(rng));
+      ASSERT_LE(level, 7u);
+      sum += level;
+    }
+    EXPECT_NEAR(sum / draws, ratio * 7, 0.02) << ratio;
+  }
+  EXPECT_EQ(qsgd_level(std::nanf(""), 7, 0.5f), 0u);
+}
+
+}  // namespace
+}  // namespace gradzip::math

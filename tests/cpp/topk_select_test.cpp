@@ -1,0 +1,85 @@
+#include "codec/topk_select.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+
+#include "element_math.cuh"
+
+namespace gradzip {
+namespace {
+
+// The reference: nth_element on (magnitude key descending, index ascending).
+std::vector<int64_t> reference_topk(const std::vector<float>& x, int64_t k) {
+  std::vector<int64_t> order(x.size());
+  std::iota(order.begin(), order.end(), 0);
+  auto before = [&](int64_t a, int64_t b) {
+    const uint32_t ka = math::magnitude_key(x[a]), kb = math::magnitude_key(x[b]);
+    return ka != kb ? ka > kb : a < b;
+  };
+  k = std::clamp<int64_t>(k, 0, static_cast<int64_t>(x.size()));
+  std::nth_element(order.begin(), order.begin() + k, order.end(), before);
+  order.resize(k);
+  std::sort(order.begin(), order.end());
+  return order;
+}
+
+std::vector<float> random_input(int64_t n, int seed, bool ties) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = ties ? std::round(normal(rng) * 2.0f) / 2.0f : normal(rng);
+  return x;
+}
+
+TEST(TopKSelectTest, MatchesNthElementIncludingTies) {
+  std::vector<int64_t> got;
+  for (int64_t n : {1, 2, 7, 100, 1000, 4097, 100000}) {
+    for (bool ties : {false, true}) {
+      const auto x = random_input(n, static_cast<int>(n) + ties, ties);
+      for (int64_t k : {int64_t{0}, int64_t{1}, n / 100, n / 10, n / 2, n - 1, n, n + 5}) {
+        select_topk(x.data(), n, k, got);
+        ASSERT_EQ(got, reference_topk(x, k)) << "n=" << n << " k=" << k << " ties=" << ties;
+      }
+    }
+  }
+}
+
+TEST(TopKSelectTest, AllEqualMagnitudesTakeTheLowestIndices) {
+  std::vector<float> x = {1, -1, 1, -1, 1, -1};
+  std::vector<int64_t> got;
+  select_topk(x.data(), 6, 4, got);
+  EXPECT_EQ(got, (std::vector<int64_t>{0, 1, 2, 3}));
+}
+
+TEST(TopKSelectTest, NanAndInfAreTheLargest) {
+  std::vector<float> x = {1, std::nanf(""), -std::numeric_limits<float>::infinity(), 5, 0};
+  std::vector<int64_t> got;
+  select_topk(x.data(), 5, 2, got);
+  EXPECT_EQ(got, (std::vector<int64_t>{1, 2}));
+}
+
+TEST(TopKSelectTest, ApproximateCountIsNearK) {
+  const int64_t n = 2000000, k = n / 100;
+  const auto x = random_input(n, 11, false);
+  std::vector<int64_t> got;
+  select_topk_approx(x.data(), n, k, got);
+  EXPECT_NEAR(static_cast<double>(got.size()), static_cast<double>(k), 0.1 * k);
+  EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
+  // Everything chosen is at least as large as everything left out.
+  std::vector<bool> chosen(n);
+  for (auto i : got) chosen[i] = true;
+  float smallest_in = INFINITY, largest_out = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    (chosen[i] ? smallest_in : largest_out) =
+        chosen[i] ? std::min(smallest_in, std::fabs(x[i])) : std::max(largest_out, std::fabs(x[i]));
+  }
+  EXPECT_GE(smallest_in, largest_out);
+}
+
+}  // namespace
+}  // namespace gradzip
