@@ -12,6 +12,7 @@ export OMP_NUM_THREADS ?= 1
 
 NPROC ?= 4
 EPOCHS ?= 3
+SPEC ?= stc:density=0.01
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
 .PHONY: all deps build test test-cpp test-python demo bench clean
@@ -36,7 +37,7 @@ test-python: build
 test: test-cpp test-python
 
 demo: build
-	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS)
+	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS) --spec "$(SPEC)"
 
 bench: build
 	$(PYTHON) benchmarks/collectives.py

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 
+#include "aggregate/compressed_allreduce.h"
 #include "aggregate/exact_allreduce.h"
+#include "gradzip/codec.h"
 
 namespace gradzip {
 namespace {
@@ -17,10 +19,21 @@ std::string join(const std::vector<std::string>& items) {
 }  // namespace
 
 const std::vector<AggregationKind>& aggregation_kinds() {
-  static const std::vector<AggregationKind> kinds = {
-      {"allreduce", "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)", {},
-       [](const Spec& spec) { return std::make_unique<ExactAllreduce>(spec); }},
-  };
+  static const std::vector<AggregationKind> kinds = [] {
+    std::vector<AggregationKind> all = {
+        {"allreduce", "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)", {},
+         [](const Spec& spec) -> std::unique_ptr<Aggregation> { return std::make_unique<ExactAllreduce>(spec); }},
+    };
+    // Every codec is also an aggregation: allgather its payloads, decode and reduce.
+    for (const auto& codec : codec_kinds()) {
+      std::vector<std::string> keys = codec.keys;
+      keys.insert(keys.end(), compressed_aggregation_keys().begin(), compressed_aggregation_keys().end());
+      all.push_back({codec.name, codec.summary, keys, [](const Spec& spec) -> std::unique_ptr<Aggregation> {
+                       return std::make_unique<CompressedAllreduce>(spec);
+                     }});
+    }
+    return all;
+  }();
   return kinds;
 }
 

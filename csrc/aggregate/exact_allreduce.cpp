@@ -2,9 +2,8 @@
 
 namespace gradzip {
 
-c10::intrusive_ptr<c10d::Work> ExactAllreduce::allreduce(
-    std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-    const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) {
+c10::intrusive_ptr<c10d::Work> exact_allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                               const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) {
   int64_t bytes = 0, numel = 0;
   for (const auto& t : tensors) {
     bytes += t.numel() * static_cast<int64_t>(t.element_size());

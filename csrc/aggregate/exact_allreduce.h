@@ -7,13 +7,19 @@
 
 namespace gradzip {
 
+// transport->allreduce(tensors, opts), with its bytes added to `stats`.
+c10::intrusive_ptr<c10d::Work> exact_allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                               const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats);
+
 class ExactAllreduce final : public Aggregation {
  public:
   explicit ExactAllreduce(const Spec& spec) : Aggregation(spec) {}
 
-  c10::intrusive_ptr<c10d::Work> allreduce(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                           const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                           const std::string&) override {
+    return exact_allreduce(tensors, opts, transport, stats);
+  }
 };
 
 }  // namespace gradzip

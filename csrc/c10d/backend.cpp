@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "c10d/call_sequence_identity.h"
 #include "c10d/collective_check.h"
 
 namespace gradzip {
@@ -38,7 +39,8 @@ Backend::Backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_trans
       cpu_(std::move(cpu_transport)),
       cuda_(std::move(cuda_transport)),
       aggregation_(make_aggregation(spec)),
-      options_(c10::make_intrusive<Options>("gradzip", timeout)) {
+      options_(c10::make_intrusive<Options>("gradzip", timeout)),
+      identity_(std::make_unique<CallSequenceIdentity>()) {
   TORCH_CHECK(cpu_, "gradzip: the backend needs a CPU transport");
   TORCH_CHECK(cpu_->getRank() == rank && cpu_->getSize() == size, "gradzip: the CPU transport is rank ",
               cpu_->getRank(), " of ", cpu_->getSize(), ", the backend rank ", rank, " of ", size);
@@ -101,7 +103,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(std::vector<at::Tensor>& tenso
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
   verify(call);
-  return aggregation_->allreduce(tensors, opts, transport, stats_);
+  return aggregation_->allreduce(tensors, opts, transport, stats_, identity_->key(tensors.front()));
 }
 
 c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(std::vector<at::Tensor>& tensors,

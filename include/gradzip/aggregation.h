@@ -8,6 +8,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,13 @@
 
 namespace gradzip {
 
+// What an aggregation keeps for one logical tensor between calls.
+struct TensorState {
+  std::vector<float> residual;  // error feedback: what was not sent yet (empty when off)
+  int64_t calls = 0;            // all-reduces of this tensor so far, exact ones included
+  uint64_t step = 0;            // compressed encodes so far: seeds the codec's random draws
+};
+
 class Aggregation {
  public:
   explicit Aggregation(Spec spec) : spec_(std::move(spec)) {}
@@ -29,12 +37,17 @@ class Aggregation {
   const Spec& spec() const { return spec_; }
 
   // Reduces `tensors` (c10d's one-tensor list) in place across every rank of
-  // `transport` with opts.reduceOp, and adds the bytes it moves to `stats`. The
-  // returned Work completes when the result is in place; its future holds the
-  // tensor list, as c10d's allreduce does.
+  // `transport` with opts.reduceOp, and adds the bytes it moves to `stats`. `key`
+  // names the logical tensor whose state (error feedback) this call uses; every
+  // rank must pass the same key. The returned Work completes when the result is in
+  // place; its future holds the tensor list, as c10d's allreduce does.
   virtual c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) = 0;
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key) = 0;
+
+  // The per-tensor state by key, to save; load_state() restores it exactly.
+  virtual std::map<std::string, TensorState> state() const { return {}; }
+  virtual void load_state(std::map<std::string, TensorState> state) {}
 
  private:
   Spec spec_;

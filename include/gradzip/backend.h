@@ -24,6 +24,7 @@
 
 namespace gradzip {
 
+class CallSequenceIdentity;
 class CollectiveCheck;
 struct CollectiveCall;
 
@@ -35,7 +36,12 @@ class Backend final : public c10d::Backend {
           std::chrono::milliseconds timeout);
   ~Backend() override;
 
+  Aggregation& aggregation() { return *aggregation_; }
   const Aggregation& aggregation() const { return *aggregation_; }
+  // The transport for a device type (CPU or CUDA); null when there is none.
+  const c10::intrusive_ptr<c10d::Backend>& transport(c10::DeviceType device) const {
+    return device == c10::DeviceType::CUDA ? cuda_ : cpu_;
+  }
   bool validates() const { return check_ != nullptr; }
   bool has_cuda_transport() const { return cuda_ != nullptr; }
   Stats& stats() { return stats_; }
@@ -110,6 +116,7 @@ class Backend final : public c10d::Backend {
   std::unique_ptr<CollectiveCheck> check_;
   c10::intrusive_ptr<Options> options_;
   Stats stats_;
+  std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets
   std::atomic<bool> closed_{false};
 };
 

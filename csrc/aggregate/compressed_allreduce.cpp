@@ -1,0 +1,125 @@
+#include "aggregate/compressed_allreduce.h"
+
+#include <c10/util/Exception.h>
+
+#include "aggregate/exact_allreduce.h"
+
+namespace gradzip {
+namespace {
+
+bool compressible(const at::Tensor& t) {
+  const auto type = t.scalar_type();
+  return type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
+}
+
+c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor>& tensors) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  future->markCompleted(c10::IValue(tensors));
+  return c10d::Work::create_from_future(future);
+}
+
+// Allgathers byte payloads of any sizes over `transport`, on `device` (NCCL moves CUDA
+// tensors only): the sizes, then the payloads padded to the largest. Returns them on the CPU.
+std::vector<at::Tensor> allgather_payloads(const std::vector<uint8_t>& mine, const at::Device& device,
+                                           const c10::intrusive_ptr<c10d::Backend>& transport, int64_t& padded) {
+  const int ranks = transport->getSize();
+  auto size = at::full({1}, static_cast<int64_t>(mine.size()), at::dtype(at::kLong).device(device));
+  auto sizes = at::empty({ranks}, at::dtype(at::kLong).device(device));
+  transport->_allgather_base(sizes, size)->wait();
+  sizes = sizes.cpu();
+  padded = sizes.max().item<int64_t>();
+  auto send = at::zeros({padded}, at::kByte);
+  std::memcpy(send.data_ptr<uint8_t>(), mine.data(), mine.size());
+  send = send.to(device);
+  auto all = at::empty({ranks * padded}, at::dtype(at::kByte).device(device));
+  transport->_allgather_base(all, send)->wait();
+  all = all.cpu();
+  std::vector<at::Tensor> out;
+  for (int r = 0; r < ranks; ++r) out.push_back(all.narrow(0, r * padded, sizes[r].item<int64_t>()));
+  return out;
+}
+
+}  // namespace
+
+const std::vector<std::string>& compressed_aggregation_keys() {
+  static const std::vector<std::string> keys = {"ef", "min_numel", "warmup", "seed"};
+  return keys;
+}
+
+CompressedAllreduce::CompressedAllreduce(const Spec& spec)
+    : Aggregation(spec),
+      codec_(make_codec(spec)),
+      error_feedback_(spec.get_bool("ef", codec_->biased() && spec.get_string("vote", "mean") != "majority")),
+      majority_(spec.get_string("vote", "mean") == "majority"),
+      min_numel_(spec.get_int("min_numel", 0)),
+      warmup_(spec.get_int("warmup", 0)),
+      seed_(static_cast<uint64_t>(spec.get_int("seed", 0))) {
+  if (min_numel_ < 0) throw SpecError("gradzip: spec '" + spec.str() + "': min_numel must be >= 0");
+  if (warmup_ < 0) throw SpecError("gradzip: spec '" + spec.str() + "': warmup must be >= 0");
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Tensor>& tensors,
+                                                              const c10d::AllreduceOptions& opts,
+                                                              const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                              Stats& stats, const std::string& key) {
+  TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
+  at::Tensor& tensor = tensors.front();
+  const auto op = opts.reduceOp.op_;
+  const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  std::unique_lock<std::mutex> lock(mutex_);
+  TensorState& state = state_[key];
+  const int64_t n = tensor.numel();
+  const bool compress = compressible(tensor) && supported_op && n >= min_numel_ && state.calls >= warmup_;
+  ++state.calls;
+  if (!compress) {
+    lock.unlock();
+    return exact_allreduce(tensors, opts, transport, stats);
+  }
+  if (error_feedback_) {
+    if (state.residual.empty()) state.residual.assign(n, 0.0f);
+    TORCH_CHECK(static_cast<int64_t>(state.residual.size()) == n, "gradzip: the tensor keyed '", key, "' had ",
+                state.residual.size(), " elements and now has ", n,
+                "; a key must always name a tensor of the same size");
+  }
+
+  const int ranks = transport->getSize();
+  const auto input = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+  std::vector<uint8_t> payload;
+  const EncodeContext ctx{seed_, state.step, static_cast<uint32_t>(transport->getRank())};
+  codec_->encode(input.data_ptr<float>(), n, error_feedback_ ? state.residual.data() : nullptr, ctx, payload);
+  ++state.step;
+  lock.unlock();
+
+  int64_t padded = 0;
+  const auto payloads = allgather_payloads(payload, tensor.device(), transport, padded);
+  auto sum = at::zeros({n}, at::kFloat);
+  for (int r = 0; r < ranks; ++r) {
+    try {
+      codec_->decode_add(payloads[r].data_ptr<uint8_t>(), payloads[r].numel(), sum.data_ptr<float>(), n);
+    } catch (const PayloadError& e) {
+      TORCH_CHECK(false, "gradzip: the payload of rank ", r, " for the tensor keyed '", key,
+                  "' cannot be decoded: ", e.what());
+    }
+  }
+  if (majority_) {
+    sum = sum.sign();
+  } else if (op == c10d::ReduceOp::AVG) {
+    sum.div_(ranks);
+  }
+  tensor.copy_(sum.view(tensor.sizes()));
+  // An allgather sends this rank's (padded) payload to every other rank and receives theirs.
+  stats.add((ranks - 1) * (padded + 8), (ranks - 1) * (padded + 8), ring_allreduce_bytes(n * 4, ranks));
+  return completed(tensors);
+}
+
+std::map<std::string, TensorState> CompressedAllreduce::state() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return state_;
+}
+
+void CompressedAllreduce::load_state(std::map<std::string, TensorState> state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_ = std::move(state);
+}
+
+}  // namespace gradzip

@@ -1,0 +1,41 @@
+// CallSequenceIdentity: names the logical tensor behind each all_reduce on a
+// gradzip process group, so error feedback follows it from step to step.
+//
+// c10d passes no names, and a tensor's address does not identify it (gradients are
+// reallocated after zero_grad(set_to_none=True)). So a tensor is named by its dtype,
+// its element count and k, the number of earlier calls with that dtype and count in
+// the current step: "float:1000:0", "float:1000:1", ... A step starts at the first
+// call and again at every call whose dtype and count equal those of the group's
+// first call, when the call before it had another dtype or count, or no other dtype
+// and count has been seen yet (a loop over one tensor).
+//
+// So a training loop that all-reduces the same tensors in the same order every step
+// keeps one residual per tensor, however its tensors are allocated, provided its
+// first tensor's dtype and size do not come back inside the step right after a
+// different one. The DDP hook (bucket index) and gradzip.Aggregation (parameter
+// names) name tensors explicitly and need no such rule.
+#pragma once
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+
+namespace gradzip {
+
+class CallSequenceIdentity {
+ public:
+  std::string key(const at::Tensor& tensor);
+
+ private:
+  using Signature = std::pair<int, int64_t>;  // (dtype, numel)
+  std::mutex mutex_;
+  bool started_ = false;
+  bool seen_other_ = false;
+  Signature first_{}, previous_{};
+  std::map<Signature, int64_t> counts_;  // calls per signature in the current step
+};
+
+}  // namespace gradzip

@@ -1,0 +1,80 @@
+// gradzip._C.Aggregation: an aggregation used directly by the DDP hook and the
+// model-level API, over any process group's transport, with its own byte counters.
+#include <pybind11/stl.h>
+
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace gradzip::python {
+namespace {
+
+struct PyAggregation {
+  explicit PyAggregation(const std::string& spec) : aggregation(make_aggregation(parse_spec(spec))) {}
+  std::unique_ptr<Aggregation> aggregation;
+  Stats stats;
+};
+
+}  // namespace
+
+py::dict stats_to_python(const Stats& stats) {
+  const auto s = stats.snapshot();
+  return py::dict(py::arg("calls") = s.calls, py::arg("bytes_sent") = s.bytes_sent,
+                  py::arg("bytes_received") = s.bytes_received, py::arg("dense_bytes") = s.dense_bytes);
+}
+
+py::dict state_to_python(const std::map<std::string, TensorState>& state) {
+  py::dict out;
+  for (const auto& [key, s] : state) {
+    py::object residual = py::none();
+    if (!s.residual.empty()) {
+      residual = py::cast(at::from_blob(const_cast<float*>(s.residual.data()),
+                                        {static_cast<int64_t>(s.residual.size())}, at::kFloat)
+                              .clone());
+    }
+    out[py::str(key)] = py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls,
+                                 py::arg("step") = s.step);
+  }
+  return out;
+}
+
+std::map<std::string, TensorState> state_from_python(const py::dict& state) {
+  std::map<std::string, TensorState> out;
+  for (const auto& [key, value] : state) {
+    const auto entry = value.cast<py::dict>();
+    TensorState s;
+    s.calls = entry["calls"].cast<int64_t>();
+    s.step = entry["step"].cast<uint64_t>();
+    if (!entry["residual"].is_none()) {
+      const auto residual = entry["residual"].cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
+      s.residual.assign(residual.data_ptr<float>(), residual.data_ptr<float>() + residual.numel());
+    }
+    out.emplace(key.cast<std::string>(), std::move(s));
+  }
+  return out;
+}
+
+void bind_aggregation(py::module_& m) {
+  py::class_<PyAggregation>(m, "Aggregation")
+      .def(py::init<const std::string&>(), py::arg("spec"))
+      .def_property_readonly("spec", [](const PyAggregation& a) { return a.aggregation->spec().str(); })
+      .def(
+          "allreduce",
+          [](PyAggregation& a, at::Tensor tensor, const std::string& key, const c10d::ReduceOp& op,
+             const c10::intrusive_ptr<c10d::Backend>& transport) {
+            std::vector<at::Tensor> tensors = {tensor};
+            c10d::AllreduceOptions opts;
+            opts.reduceOp = op;
+            a.aggregation->allreduce(tensors, opts, transport, a.stats, key)->wait();
+          },
+          py::arg("tensor"), py::arg("key"), py::arg("op"), py::arg("transport"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
+      .def("state_dict", [](const PyAggregation& a) { return state_to_python(a.aggregation->state()); })
+      .def("load_state_dict",
+           [](PyAggregation& a, const py::dict& state) { a.aggregation->load_state(state_from_python(state)); })
+      .def("stats", [](const PyAggregation& a) { return stats_to_python(a.stats); })
+      .def("reset_stats", [](PyAggregation& a) { a.stats.reset(); });
+}
+
+}  // namespace gradzip::python

@@ -1,0 +1,60 @@
+// gradzip._C codec functions: tensors to payload bytes and back, for gradzip.codec.
+#include <pybind11/stl.h>
+
+#include "gradzip/codec.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace gradzip::python {
+
+void bind_codec(py::module_& m) {
+  py::register_exception<PayloadError>(m, "PayloadError", PyExc_ValueError);
+  m.def(
+      "encode",
+      [](const at::Tensor& x, const std::string& spec, std::optional<at::Tensor> residual, uint64_t seed,
+         uint64_t step, uint32_t rank) {
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+                    "gradzip: encode takes a contiguous float32 CPU tensor");
+        float* e = nullptr;
+        if (residual) {
+          TORCH_CHECK(residual->device().is_cpu() && residual->scalar_type() == at::kFloat &&
+                          residual->is_contiguous() && residual->numel() == x.numel(),
+                      "gradzip: the residual must be a contiguous float32 CPU tensor of ", x.numel(), " elements");
+          e = residual->data_ptr<float>();
+        }
+        std::vector<uint8_t> out;
+        {
+          py::gil_scoped_release no_gil;
+          make_codec(parse_spec(spec))->encode(x.data_ptr<float>(), x.numel(), e, {seed, step, rank}, out);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"));
+  m.def(
+      "decode",
+      [](const py::bytes& data, int64_t n) {
+        const std::string_view bytes = data;
+        const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+        auto out = at::zeros({n}, at::kFloat);
+        py::gil_scoped_release no_gil;
+        codec_for_payload(p, bytes.size())->decode_add(p, bytes.size(), out.data_ptr<float>(), n);
+        return out;
+      },
+      py::arg("data"), py::arg("numel"));
+  m.def(
+      "payload_header",
+      [](const py::bytes& data) {
+        const std::string_view bytes = data;
+        const auto h = read_payload_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+        return py::make_tuple(static_cast<int>(h.codec), h.version, h.numel);
+      },
+      py::arg("data"));
+  m.def("codec_kinds", [] {
+    std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> out;
+    for (const auto& k : codec_kinds()) out.emplace_back(k.name, k.summary, k.keys);
+    return out;
+  });
+}
+
+}  // namespace gradzip::python

@@ -1,0 +1,19 @@
+"""The transport that carries a process group's tensors for gradzip's own aggregations."""
+import torch
+import torch.distributed as dist
+
+from ._extension import _C
+
+
+def transport_of(group, device: torch.device):
+    """The c10d backend that moves `device` tensors for `group`. For a gradzip group,
+    its inner Gloo or NCCL backend: aggregating through the gradzip backend itself
+    would apply its configured aggregation a second time."""
+    group = group if group is not None else dist.group.WORLD
+    backend = group._get_backend(torch.device(device.type))
+    if isinstance(backend, _C.Backend):
+        inner = backend.transport(device.type)
+        if inner is None:
+            raise RuntimeError(f"gradzip: this gradzip group has no transport for {device.type} tensors")
+        return inner
+    return backend

@@ -1,0 +1,79 @@
+"""Aggregating a whole model, or tensors, by hand (in the spirit of mlbench).
+
+    agg = gradzip.Aggregation("topk:density=0.01")
+    loss.backward(); agg(model, op="avg", mode="grad"); opt.step()   # gradients
+    agg(model, op="avg", mode="model")                              # parameters themselves
+
+Each parameter is one logical tensor, keyed by its name, so error feedback follows it
+exactly. op "avg" and "sum" use the spec's aggregation; "min" and "max" are exact.
+"""
+from typing import Iterable, Union
+
+import torch
+import torch.distributed as dist
+
+from ._extension import _C
+from ._transport import transport_of
+from .options import canonical_spec
+
+_OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
+
+
+class Aggregation:
+    """An aggregation named by a spec (docs/spec.md) over a process group (default: the
+    default group), applied to a model's gradients or parameters, or to tensors."""
+
+    def __init__(self, spec: str, group=None):
+        self.spec = canonical_spec(spec)
+        self.group = group
+        self._aggregation = _C.Aggregation(self.spec)
+
+    def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]], op: str = "avg",
+                 mode: str = "grad", buffers: bool = False):
+        """Reduces in place and returns `target`.
+
+        target: a module, a tensor, or a list of tensors (keyed by position).
+        op: "avg", "sum", "min" or "max".
+        mode: for a module, "grad" (each parameter's .grad; None skipped) or "model"
+            (the parameters themselves).
+        buffers: with mode "model", also the module's floating buffers (BatchNorm statistics)."""
+        if op not in _OPS:
+            raise ValueError(f"gradzip.Aggregation: op must be one of {', '.join(_OPS)}, not {op!r}")
+        if isinstance(target, torch.nn.Module):
+            if mode not in ("grad", "model"):
+                raise ValueError(f"gradzip.Aggregation: mode must be 'grad' or 'model', not {mode!r}")
+            named = [(f"{mode}:{name}", p.grad if mode == "grad" else p.data)
+                     for name, p in target.named_parameters()]
+            if mode == "model" and buffers:
+                named += [(f"buffer:{name}", b) for name, b in target.named_buffers() if b.is_floating_point()]
+        elif isinstance(target, torch.Tensor):
+            named = [("tensor", target)]
+        else:
+            named = [(f"tensor:{i}", t) for i, t in enumerate(target)]
+        for key, tensor in named:
+            if tensor is not None:
+                self._reduce(tensor, key, _OPS[op])
+        return target
+
+    def _reduce(self, tensor: torch.Tensor, key: str, op) -> None:
+        transport = transport_of(self.group, tensor.device)
+        if tensor.is_contiguous():
+            self._aggregation.allreduce(tensor, key, op, transport)
+        else:
+            flat = tensor.contiguous()
+            self._aggregation.allreduce(flat, key, op, transport)
+            tensor.copy_(flat)
+
+    def stats(self) -> dict:
+        return self._aggregation.stats()
+
+    def reset_stats(self) -> None:
+        self._aggregation.reset_stats()
+
+    def state_dict(self) -> dict:
+        return {"spec": self.spec, "tensors": self._aggregation.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if canonical_spec(state["spec"]) != self.spec:
+            raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {self.spec!r}")
+        self._aggregation.load_state_dict(state["tensors"])

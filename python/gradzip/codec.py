@@ -1,0 +1,97 @@
+"""Tensors to bytes and back, for code that moves bytes itself (a federated server).
+
+    state = gradzip.codec.State()                       # error feedback across calls
+    data = gradzip.codec.encode(grad, "stc:density=0.01", state)
+    total = gradzip.codec.decode(data, like=grad)
+
+The spec names a codec and its keys (docs/spec.md); the bytes are the wire format of
+docs/wire-format.md. decode() checks every length and index and raises PayloadError
+(a ValueError) naming what is wrong with a truncated, corrupt or hostile payload.
+"""
+from typing import Optional
+
+import torch
+
+from ._extension import _C
+
+PayloadError = _C.PayloadError
+
+_CODEC_KEYS = {name: set(keys) for name, _, keys in _C.codec_kinds()}
+
+
+class State:
+    """What one tensor's encoder keeps between calls.
+
+    residual: the error-feedback residual, what earlier payloads did not carry
+        (allocated on first use; None until then).
+    step: how many payloads were encoded; seeds random-k and QSGD draws.
+    seed: the seed of those draws (default 0).
+    rank: this sender's index, so QSGD senders draw independently (default 0).
+    error_feedback: add the residual before encoding and keep what was not sent
+        (default True).
+    """
+
+    def __init__(self, seed: int = 0, rank: int = 0, error_feedback: bool = True):
+        self.residual: Optional[torch.Tensor] = None
+        self.step = 0
+        self.seed = seed
+        self.rank = rank
+        self.error_feedback = error_feedback
+
+    def state_dict(self) -> dict:
+        return {"residual": self.residual, "step": self.step, "seed": self.seed, "rank": self.rank,
+                "error_feedback": self.error_feedback}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.residual, self.step = state["residual"], state["step"]
+        self.seed, self.rank, self.error_feedback = state["seed"], state["rank"], state["error_feedback"]
+
+
+def _check_spec(spec: str) -> None:
+    name = spec.split(":", 1)[0].strip()
+    if name not in _CODEC_KEYS:
+        raise _C.SpecError(f"gradzip: unknown codec {name!r} in spec {spec!r}; valid codecs: "
+                           + ", ".join(_CODEC_KEYS))
+    given = {item.split("=", 1)[0].strip() for item in spec.split(":", 1)[1].split(",")} if ":" in spec else set()
+    unknown = given - _CODEC_KEYS[name]
+    if unknown:
+        raise _C.SpecError(f"gradzip: unknown key {sorted(unknown)[0]!r} for codec {name!r} in spec {spec!r}; "
+                           f"valid keys: {', '.join(sorted(_CODEC_KEYS[name])) or '(none)'}")
+
+
+def encode(tensor: torch.Tensor, spec: str, state: Optional[State] = None) -> bytes:
+    """The payload of `tensor` (any shape, a floating dtype) under codec `spec`.
+
+    With a State, encodes tensor + state.residual (when error feedback is on), updates
+    the residual and advances state.step."""
+    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
+        raise TypeError(f"gradzip.codec.encode takes a floating tensor, not {getattr(tensor, 'dtype', type(tensor))}")
+    _check_spec(spec)
+    x = tensor.detach().to("cpu", torch.float32).contiguous().view(-1)
+    residual, seed, step, rank = None, 0, 0, 0
+    if state is not None:
+        seed, step, rank = state.seed, state.step, state.rank
+        if state.error_feedback:
+            if state.residual is None:
+                state.residual = torch.zeros(x.numel(), dtype=torch.float32)
+            if state.residual.numel() != x.numel():
+                raise ValueError(f"gradzip.codec.encode: the state's residual has {state.residual.numel()} "
+                                 f"elements, the tensor {x.numel()}: use one State per tensor")
+            residual = state.residual
+    data = _C.encode(x, spec, residual, seed, step, rank)
+    if state is not None:
+        state.step += 1
+    return data
+
+
+def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
+    """A new tensor shaped like `like` (its dtype and device too) holding the payload's values."""
+    values = _C.decode(bytes(data), like.numel())
+    return values.view(like.shape).to(device=like.device, dtype=like.dtype)
+
+
+def header(data: bytes) -> dict:
+    """The payload's header: codec name, wire-format version and element count."""
+    codec_id, version, numel = _C.payload_header(bytes(data))
+    names = list(_CODEC_KEYS)
+    return {"codec": names[codec_id - 1], "version": version, "numel": numel}
