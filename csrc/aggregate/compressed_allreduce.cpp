@@ -122,4 +122,15 @@ void CompressedAllreduce::load_state(std::map<std::string, TensorState> state) {
   state_ = std::move(state);
 }
 
+TensorState CompressedAllreduce::tensor_state(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = state_.find(key);
+  return it == state_.end() ? TensorState{} : it->second;
+}
+
+void CompressedAllreduce::set_tensor_state(const std::string& key, TensorState state) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  state_[key] = std::move(state);
+}
+
 }  // namespace gradzip

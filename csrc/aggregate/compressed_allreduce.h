@@ -33,6 +33,8 @@ class CompressedAllreduce final : public Aggregation {
 
   std::map<std::string, TensorState> state() const override;
   void load_state(std::map<std::string, TensorState> state) override;
+  TensorState tensor_state(const std::string& key) const override;
+  void set_tensor_state(const std::string& key, TensorState state) override;
 
   const Codec& codec() const { return *codec_; }
   bool error_feedback() const { return error_feedback_; }

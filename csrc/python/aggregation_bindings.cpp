@@ -23,34 +23,40 @@ py::dict stats_to_python(const Stats& stats) {
                   py::arg("bytes_received") = s.bytes_received, py::arg("dense_bytes") = s.dense_bytes);
 }
 
+namespace {
+
+py::dict tensor_state_to_python(const TensorState& s) {
+  py::object residual = py::none();
+  if (!s.residual.empty()) {
+    residual = py::cast(
+        at::from_blob(const_cast<float*>(s.residual.data()), {static_cast<int64_t>(s.residual.size())}, at::kFloat)
+            .clone());
+  }
+  return py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls, py::arg("step") = s.step);
+}
+
+TensorState tensor_state_from_python(const py::dict& entry) {
+  TensorState s;
+  s.calls = entry["calls"].cast<int64_t>();
+  s.step = entry["step"].cast<uint64_t>();
+  if (!entry["residual"].is_none()) {
+    const auto residual = entry["residual"].cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
+    s.residual.assign(residual.data_ptr<float>(), residual.data_ptr<float>() + residual.numel());
+  }
+  return s;
+}
+
+}  // namespace
+
 py::dict state_to_python(const std::map<std::string, TensorState>& state) {
   py::dict out;
-  for (const auto& [key, s] : state) {
-    py::object residual = py::none();
-    if (!s.residual.empty()) {
-      residual = py::cast(at::from_blob(const_cast<float*>(s.residual.data()),
-                                        {static_cast<int64_t>(s.residual.size())}, at::kFloat)
-                              .clone());
-    }
-    out[py::str(key)] = py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls,
-                                 py::arg("step") = s.step);
-  }
+  for (const auto& [key, s] : state) out[py::str(key)] = tensor_state_to_python(s);
   return out;
 }
 
 std::map<std::string, TensorState> state_from_python(const py::dict& state) {
   std::map<std::string, TensorState> out;
-  for (const auto& [key, value] : state) {
-    const auto entry = value.cast<py::dict>();
-    TensorState s;
-    s.calls = entry["calls"].cast<int64_t>();
-    s.step = entry["step"].cast<uint64_t>();
-    if (!entry["residual"].is_none()) {
-      const auto residual = entry["residual"].cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
-      s.residual.assign(residual.data_ptr<float>(), residual.data_ptr<float>() + residual.numel());
-    }
-    out.emplace(key.cast<std::string>(), std::move(s));
-  }
+  for (const auto& [key, value] : state) out.emplace(key.cast<std::string>(), tensor_state_from_python(value.cast<py::dict>()));
   return out;
 }
 
@@ -73,6 +79,14 @@ void bind_aggregation(py::module_& m) {
       .def("state_dict", [](const PyAggregation& a) { return state_to_python(a.aggregation->state()); })
       .def("load_state_dict",
            [](PyAggregation& a, const py::dict& state) { a.aggregation->load_state(state_from_python(state)); })
+      .def("tensor_state",
+           [](const PyAggregation& a, const std::string& key) {
+             return tensor_state_to_python(a.aggregation->tensor_state(key));
+           })
+      .def("set_tensor_state",
+           [](PyAggregation& a, const std::string& key, const py::dict& state) {
+             a.aggregation->set_tensor_state(key, tensor_state_from_python(state));
+           })
       .def("stats", [](const PyAggregation& a) { return stats_to_python(a.stats); })
       .def("reset_stats", [](PyAggregation& a) { a.stats.reset(); });
 }

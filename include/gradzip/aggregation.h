@@ -48,6 +48,9 @@ class Aggregation {
   // The per-tensor state by key, to save; load_state() restores it exactly.
   virtual std::map<std::string, TensorState> state() const { return {}; }
   virtual void load_state(std::map<std::string, TensorState> state) {}
+  // One key's state (empty when unknown), and its replacement.
+  virtual TensorState tensor_state(const std::string& key) const { return {}; }
+  virtual void set_tensor_state(const std::string& key, TensorState state) {}
 
  private:
   Spec spec_;
