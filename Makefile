@@ -40,7 +40,8 @@ demo: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS) --spec "$(SPEC)"
 
 bench: build
-	$(PYTHON) benchmarks/collectives.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 4 benchmarks/collectives.py
+	$(PYTHON) benchmarks/codecs.py
 
 clean:
 	rm -rf build python/gradzip/_C*.so

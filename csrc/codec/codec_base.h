@@ -1,4 +1,6 @@
 // CodecBase: error feedback around a codec's own encoder, the same for every codec.
+// A codec may override encode() to fuse the residual update into its own passes, as
+// long as it leaves exactly what the generic path leaves.
 #pragma once
 
 #include <vector>
@@ -12,7 +14,7 @@ class CodecBase : public Codec {
   // u = x (+ residual); encode_values(u); then residual = fl(u − decode(payload)), so
   // the residual keeps exactly what the receivers did not get.
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
-              std::vector<uint8_t>& out) const final;
+              std::vector<uint8_t>& out) const override;
 
  protected:
   // Appends the payload of u[0..n) (header included) to `out`.

@@ -10,6 +10,7 @@
 
 #include "codec/bitpack.h"
 #include "codec/codec_base.h"
+#include "codec/philox_block.h"
 #include "codec/wire.h"
 #include "element_math.cuh"
 
@@ -72,9 +73,15 @@ class QsgdCodec final : public CodecBase {
     w.put<uint16_t>(static_cast<uint16_t>(levels_));
     w.put<uint8_t>(max_norm_ ? 1 : 0);
     w.put<uint32_t>(static_cast<uint32_t>(bucket_));
-    uint8_t* norms = w.reserve(buckets * 4);
-    std::vector<uint16_t> codes(n);
-    const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
+    const size_t norms_at = out.size();
+    w.reserve(buckets * 4);
+    const size_t codes_at = out.size();
+    w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * width));
+    uint8_t* norms = out.data() + norms_at;  // both after the last resize of `out`
+    uint8_t* packed = out.data() + codes_at;
+    const uint32_t sign_bit = 1u << (width - 1);
+    uint64_t buffer = 0;  // codes stream into `packed`, little-endian, `width` bits each
+    int filled = 0;
     for (int64_t b = 0; b < buckets; ++b) {
       const int64_t begin = b * bucket_, end = std::min(n, begin + bucket_);
       double accumulated = 0.0;
@@ -85,18 +92,23 @@ class QsgdCodec final : public CodecBase {
       const float norm = static_cast<float>(max_norm_ ? accumulated : std::sqrt(accumulated));
       std::memcpy(norms + 4 * b, &norm, 4);
       const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
-      for (int64_t i = begin; i < end; i += 4) {
-        const auto random = math::philox4x32_10(static_cast<uint32_t>(i), static_cast<uint32_t>(i >> 32),
-                                                static_cast<uint32_t>(ctx.step), ctx.rank,
-                                                static_cast<uint32_t>(ctx.seed), static_cast<uint32_t>(ctx.seed >> 32));
-        for (int64_t j = i; j < std::min(end, i + 4); ++j) {
+      uint32_t random[32];
+      for (int64_t i = begin; i < end; i += 32) {
+        philox_words32(static_cast<uint64_t>(i), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
+        for (int64_t j = i; j < std::min(end, i + 32); ++j) {
           const float ratio = std::fabs(u[j]) * inverse;
-          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random.v[j - i]));
-          codes[j] = static_cast<uint16_t>(level | (math::nonnegative_bit(u[j]) ? 0u : sign_bit));
+          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random[j - i]));
+          buffer |= static_cast<uint64_t>(level | (math::nonnegative_bit(u[j]) ? 0u : sign_bit)) << filled;
+          filled += width;
+          while (filled >= 8) {
+            *packed++ = static_cast<uint8_t>(buffer);
+            buffer >>= 8;
+            filled -= 8;
+          }
         }
       }
     }
-    bitpack::pack_codes(codes.data(), n, width, w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * width)));
+    if (filled > 0) *packed = static_cast<uint8_t>(buffer);
   }
 
  private:

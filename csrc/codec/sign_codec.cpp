@@ -42,26 +42,59 @@ class SignCodec final : public CodecBase {
     }
   }
 
- protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+  // Fuses u = x + residual into the pass that sums each block's magnitudes.
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+              std::vector<uint8_t>& out) const override {
+    const size_t start = out.size();
+    const float* u = residual ? residual : x;
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint32_t>(static_cast<uint32_t>(block_));
-    if (block_) {
-      const int64_t blocks = (n + block_ - 1) / block_;
-      uint8_t* scales = w.reserve(blocks * 4);
-      for (int64_t b = 0; b < blocks; ++b) {
-        const int64_t begin = b * block_, end = std::min(n, begin + block_);
-        double l1 = 0.0;
-        for (int64_t i = begin; i < end; ++i) l1 += std::fabs(static_cast<double>(u[i]));
-        const float s = static_cast<float>(l1 / static_cast<double>(end - begin));
-        std::memcpy(scales + 4 * b, &s, 4);
-      }
+    const int64_t blocks = block_ ? (n + block_ - 1) / block_ : 0;
+    uint8_t* scales = w.reserve(blocks * 4);
+    if (residual && !block_) {
+      for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
+    }
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * block_, end = std::min(n, begin + block_);
+      const float s = static_cast<float>(block_l1(x + begin, residual ? residual + begin : nullptr, end - begin) /
+                                         static_cast<double>(end - begin));
+      std::memcpy(scales + 4 * b, &s, 4);
     }
     bitpack::pack_nonnegative(u, n, w.reserve(wire::bytes_for_bits(n)));
+    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    encode(u, n, nullptr, ctx, out);
   }
 
  private:
+  // Σ|u_i| over one block, u = x (+ residual, written back): eight float lanes summed in
+  // a fixed order, so the compiler vectorizes it and every machine gets the same bits.
+  static double block_l1(const float* x, float* residual, int64_t length) {
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    if (residual) {
+      for (; i + 8 <= length; i += 8) {
+        for (int j = 0; j < 8; ++j) {
+          residual[i + j] += x[i + j];
+          lanes[j] += std::fabs(residual[i + j]);
+        }
+      }
+      for (; i < length; ++i) lanes[0] += std::fabs(residual[i] += x[i]);
+    } else {
+      for (; i + 8 <= length; i += 8) {
+        for (int j = 0; j < 8; ++j) lanes[j] += std::fabs(x[i + j]);
+      }
+      for (; i < length; ++i) lanes[0] += std::fabs(x[i]);
+    }
+    double total = 0.0;
+    for (float lane : lanes) total += lane;
+    return total;
+  }
+
   int64_t block_;
 };
 

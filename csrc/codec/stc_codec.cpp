@@ -78,11 +78,25 @@ class StcCodec final : public CodecBase {
     for (uint64_t j = 0; j < k; ++j) out[indices[j]] += ((signs[j / 8] >> (j % 8)) & 1) ? plus : minus;
   }
 
- protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+  // Fuses u = x + residual into the selection's histogram pass; the residual update
+  // is the generic one (decode with scale −1: the sent entries only).
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+              std::vector<uint8_t>& out) const override {
+    const size_t start = out.size();
     std::vector<int64_t> chosen;
-    const int64_t k_target = count_for_density(density_, n);
-    approx_ ? select_topk_approx(u, n, k_target, chosen) : select_topk(u, n, k_target, chosen);
+    const int64_t k = count_for_density(density_, n);
+    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
+    write(residual ? residual : x, n, chosen, out);
+    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    encode(u, n, nullptr, ctx, out);
+  }
+
+ private:
+  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const {
     const int64_t k = static_cast<int64_t>(chosen.size());
     double magnitude_sum = 0.0;
     for (int64_t i : chosen) magnitude_sum += std::fabs(static_cast<double>(u[i]));
@@ -120,7 +134,6 @@ class StcCodec final : public CodecBase {
     for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
   }
 
- private:
   double density_;
   bool approx_;
 };

@@ -41,11 +41,25 @@ class TopKCodec final : public CodecBase {
     }
   }
 
- protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+  // Fuses u = x + residual into the selection's histogram pass; the residual update
+  // is the generic one (decode with scale −1: the sent entries only).
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+              std::vector<uint8_t>& out) const override {
+    const size_t start = out.size();
     std::vector<int64_t> chosen;
     const int64_t k = count_for_density(density_, n);
-    approx_ ? select_topk_approx(u, n, k, chosen) : select_topk(u, n, k, chosen);
+    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
+    write(residual ? residual : x, n, chosen, out);
+    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    encode(u, n, nullptr, ctx, out);
+  }
+
+ private:
+  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const {
     const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
     wire::Writer w(out);
     w.header(id(), n);
@@ -57,7 +71,6 @@ class TopKCodec final : public CodecBase {
     for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 
- private:
   static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
     uint64_t index = 0;
     std::memcpy(&index, indices + j * width, width);

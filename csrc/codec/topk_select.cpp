@@ -11,89 +11,148 @@ namespace {
 constexpr int kDigitShift = 20;  // keys are < 2^31: bits 30..20 are the 11-bit digit
 constexpr int kBuckets = 1 << 11;
 
-struct Threshold {
-  uint32_t key;     // the k-th largest magnitude key
-  int64_t greater;  // how many keys are strictly greater
-};
-
-// The k-th largest magnitude key (1 <= k <= n), and how many keys exceed it.
-Threshold kth_largest_key(const float* x, int64_t n, int64_t k) {
-  // Four histograms, merged afterwards, so neighbouring equal digits do not serialize.
-  std::vector<std::array<int64_t, kBuckets>> hist(4);
+// The histogram of the top digit of every key. With a residual, first makes
+// residual = x + residual and histograms that.
+std::array<int64_t, kBuckets> digit_histogram(const float* x, float* residual, int64_t n) {
+  // Four 32-bit histograms (32 KB, in L1), merged afterwards, so neighbouring equal
+  // digits do not wait on each other's increments.
+  std::vector<std::array<uint32_t, kBuckets>> hist(4);
   for (auto& h : hist) h.fill(0);
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int j = 0; j < 4; ++j) ++hist[j][math::magnitude_key(x[i + j]) >> kDigitShift];
+  std::array<int64_t, kBuckets> total{};
+  constexpr int64_t kChunk = int64_t{1} << 30;  // flush before a 32-bit counter could overflow
+  for (int64_t from = 0; from < n; from += kChunk) {
+    const int64_t to = std::min(n, from + kChunk);
+    int64_t i = from;
+    if (residual) {
+      for (; i + 4 <= to; i += 4) {
+        for (int j = 0; j < 4; ++j) {
+          residual[i + j] += x[i + j];
+          ++hist[j][math::magnitude_key(residual[i + j]) >> kDigitShift];
+        }
+      }
+      for (; i < to; ++i) {
+        residual[i] += x[i];
+        ++hist[0][math::magnitude_key(residual[i]) >> kDigitShift];
+      }
+    } else {
+      for (; i + 4 <= to; i += 4) {
+        for (int j = 0; j < 4; ++j) ++hist[j][math::magnitude_key(x[i + j]) >> kDigitShift];
+      }
+      for (; i < to; ++i) ++hist[0][math::magnitude_key(x[i]) >> kDigitShift];
+    }
+    for (int b = 0; b < kBuckets; ++b) {
+      total[b] += int64_t{hist[0][b]} + hist[1][b] + hist[2][b] + hist[3][b];
+      hist[0][b] = hist[1][b] = hist[2][b] = hist[3][b] = 0;
+    }
   }
-  for (; i < n; ++i) ++hist[0][math::magnitude_key(x[i]) >> kDigitShift];
+  return total;
+}
 
+// The k largest of u (0 < k < n) given u's digit histogram, in one more pass: indices
+// whose digit is above the boundary bucket are in for sure; the boundary bucket's
+// (key, index) pairs decide the rest, larger keys first, ties to the lower indices.
+// The branches are rare (about k of n elements take them), so they cost little.
+void select_with_histogram(const float* u, int64_t n, int64_t k, const std::array<int64_t, kBuckets>& hist,
+                           std::vector<int64_t>& indices) {
   int64_t above = 0;
   int bucket = kBuckets - 1;
   for (; bucket >= 0; --bucket) {
-    const int64_t count = hist[0][bucket] + hist[1][bucket] + hist[2][bucket] + hist[3][bucket];
-    if (above + count >= k) break;
-    above += count;
+    if (above + hist[bucket] >= k) break;
+    above += hist[bucket];
   }
-  std::vector<uint32_t> candidates;
-  for (int64_t j = 0; j < n; ++j) {
-    const uint32_t key = math::magnitude_key(x[j]);
-    if (static_cast<int>(key >> kDigitShift) == bucket) candidates.push_back(key);
+  std::vector<int64_t> sure;
+  sure.reserve(above);
+  std::vector<std::pair<uint32_t, int64_t>> candidates;
+  candidates.reserve(hist[bucket]);
+  const uint32_t boundary = static_cast<uint32_t>(bucket);
+  const uint32_t lowest = boundary << kDigitShift;
+  auto visit = [&](int64_t i) {
+    const uint32_t key = math::magnitude_key(u[i]);
+    if ((key >> kDigitShift) > boundary) {
+      sure.push_back(i);
+    } else if ((key >> kDigitShift) == boundary) {
+      candidates.emplace_back(key, i);
+    }
+  };
+  // Blocks of 16 with no key in range are skipped after one vectorizable test.
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t any = 0;
+    for (int j = 0; j < 16; ++j) any |= math::magnitude_key(u[i + j]) >= lowest;
+    if (any) {
+      for (int j = 0; j < 16; ++j) visit(i + j);
+    }
   }
+  for (; i < n; ++i) visit(i);
+  // The need-th largest candidate key, then the candidates above it and the first ties,
+  // read in index order (they were collected in it), so no sort is needed.
   const int64_t need = k - above;  // 1 <= need <= candidates.size()
-  std::nth_element(candidates.begin(), candidates.begin() + (need - 1), candidates.end(), std::greater<>());
-  const uint32_t key = candidates[need - 1];
-  const int64_t greater_in_bucket = std::count_if(candidates.begin(), candidates.end(),
-                                                  [key](uint32_t c) { return c > key; });
-  return {key, above + greater_in_bucket};
-}
-
-// Every index with key > threshold, then the first `ties` indices with key == threshold,
-// merged into ascending order.
-void filter(const float* x, int64_t n, uint32_t threshold, int64_t ties, std::vector<int64_t>& indices) {
-  indices.resize(n);
-  int64_t count = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    indices[count] = i;
-    count += math::magnitude_key(x[i]) > threshold;
+  std::vector<uint32_t> keys(candidates.size());
+  for (size_t j = 0; j < candidates.size(); ++j) keys[j] = candidates[j].first;
+  std::nth_element(keys.begin(), keys.begin() + (need - 1), keys.end(), std::greater<>());
+  const uint32_t threshold = keys[need - 1];
+  int64_t ties = need - std::count_if(keys.begin(), keys.end(), [threshold](uint32_t key) { return key > threshold; });
+  std::vector<int64_t> chosen;
+  chosen.reserve(need);
+  for (const auto& [key, index] : candidates) {
+    if (key > threshold || (key == threshold && ties-- > 0)) chosen.push_back(index);
   }
-  indices.resize(count);
-  if (ties <= 0) return;
-  std::vector<int64_t> equal;
-  equal.reserve(ties);
-  for (int64_t i = 0; i < n && static_cast<int64_t>(equal.size()) < ties; ++i) {
-    if (math::magnitude_key(x[i]) == threshold) equal.push_back(i);
-  }
-  std::vector<int64_t> merged(indices.size() + equal.size());
-  std::merge(indices.begin(), indices.end(), equal.begin(), equal.end(), merged.begin());
-  indices.swap(merged);
+  indices.resize(sure.size() + chosen.size());
+  std::merge(sure.begin(), sure.end(), chosen.begin(), chosen.end(), indices.begin());
 }
 
 }  // namespace
 
-void select_topk(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices) {
+void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices) {
   indices.clear();
+  if (residual && (k <= 0 || k >= n)) {
+    for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
+  }
   if (k <= 0 || n <= 0) return;
   if (k >= n) {
     indices.resize(n);
     for (int64_t i = 0; i < n; ++i) indices[i] = i;
     return;
   }
-  const Threshold t = kth_largest_key(x, n, k);
-  filter(x, n, t.key, k - t.greater, indices);
+  const auto hist = digit_histogram(x, residual, n);
+  select_with_histogram(residual ? residual : x, n, k, hist, indices);
 }
 
-void select_topk_approx(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices) {
+void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices) {
   indices.clear();
-  if (k <= 0 || n <= 0) return;
   const int64_t sample = std::min<int64_t>(n, std::max<int64_t>(n / 100, 4096));
-  if (sample == n) return select_topk(x, n, k, indices);
-  // A contiguous block from the middle: one cache-friendly read of 1%.
-  const float* block = x + (n - sample) / 2;
+  if (k <= 0 || k >= n || sample == n) return select_topk(x, residual, n, k, indices);
+  // The threshold: the k·sample/n-th largest of a contiguous block from the middle (u
+  // there made first), then one pass that makes u elsewhere and keeps keys at or above it.
+  const int64_t begin = (n - sample) / 2, end = begin + sample;
+  if (residual) {
+    for (int64_t i = begin; i < end; ++i) residual[i] += x[i];
+  }
+  const float* u = residual ? residual : x;
   const int64_t k_sample = std::max<int64_t>(1, (k * sample + n - 1) / n);
-  const uint32_t threshold = kth_largest_key(block, sample, k_sample).key;
-  // Keys >= threshold: filter with threshold - 1 and no ties.
-  filter(x, n, threshold == 0 ? 0 : threshold - 1, 0, indices);
-  if (indices.empty()) select_topk(x, n, k, indices);  // the sample missed everything
+  std::vector<int64_t> in_sample;
+  select_with_histogram(u + begin, sample, k_sample, digit_histogram(u + begin, nullptr, sample), in_sample);
+  uint32_t threshold = UINT32_MAX;
+  for (int64_t i : in_sample) threshold = std::min(threshold, math::magnitude_key(u[begin + i]));
+  indices.reserve(k + k / 4);
+  if (residual) {  // u outside the sample, made in place before the filter reads it
+    for (int64_t i = 0; i < begin; ++i) residual[i] += x[i];
+    for (int64_t i = end; i < n; ++i) residual[i] += x[i];
+  }
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t any = 0;
+    for (int j = 0; j < 16; ++j) any |= math::magnitude_key(u[i + j]) >= threshold;
+    if (any) {
+      for (int j = 0; j < 16; ++j) {
+        if (math::magnitude_key(u[i + j]) >= threshold) indices.push_back(i + j);
+      }
+    }
+  }
+  for (; i < n; ++i) {
+    if (math::magnitude_key(u[i]) >= threshold) indices.push_back(i);
+  }
+  if (indices.empty()) select_topk(u, nullptr, n, k, indices);  // the sample missed everything
 }
 
 }  // namespace gradzip

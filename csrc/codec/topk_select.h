@@ -7,6 +7,9 @@
 // select_topk_approx: the threshold comes from a contiguous sample of about 1% of the
 // elements; it returns every entry at or above it (about k of them, at least one when k > 0).
 // Both return the chosen indices in ascending order.
+//
+// With a non-null `residual`, both select from u = x + residual and leave u in
+// `residual` (error feedback's first step, fused into the histogram pass).
 #pragma once
 
 #include <cstdint>
@@ -14,7 +17,7 @@
 
 namespace gradzip {
 
-void select_topk(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices);
-void select_topk_approx(const float* x, int64_t n, int64_t k, std::vector<int64_t>& indices);
+void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
+void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
 
 }  // namespace gradzip

@@ -13,8 +13,10 @@ PyTorch's own hooks do.
 Resuming: State.state_dict() / load_state_dict(). A new DDP starts with its initial
 bucket layout again, so per-bucket residuals no longer line up in the resumed job's
 first iteration; with State(..., model=ddp) they are kept per parameter and a resumed
-job continues bit-exactly (for top-k, STC and sign; QSGD and random-k draw their random
-numbers per bucket element, so their draws follow the bucket layout).
+job continues bit-exactly for the per-element codecs (top-k, STC, sign with block=0,
+fp16, bf16). Codecs that work on blocks of the bucket — sign's block scales, QSGD's
+buckets, random-k's draws — follow the bucket layout, so their first resumed iteration
+differs from an uninterrupted run's.
 """
 import torch
 import torch.distributed as dist

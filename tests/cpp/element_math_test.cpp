@@ -1,6 +1,7 @@
 // The element math shared with the CUDA kernels, against torch's own conversions and
 // the published Philox known answers.
 #include "element_math.cuh"
+#include "codec/philox_block.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
@@ -90,3 +91,22 @@ TEST(ElementMathTest, QsgdLevelIsUnbiasedAndBounded) {
 
 }  // namespace
 }  // namespace gradzip::math
+
+namespace gradzip {
+namespace {
+
+TEST(PhiloxBlockTest, MatchesOneGroupAtATime) {
+  uint32_t words[32];
+  for (uint64_t first : {uint64_t{0}, uint64_t{4}, uint64_t{1000003}, (uint64_t{1} << 32) - 8}) {
+    philox_words32(first, 7, 3, 0x123456789abcdefULL, words);
+    for (int lane = 0; lane < 8; ++lane) {
+      const uint64_t counter = first + 4 * lane;
+      const auto r = math::philox4x32_10(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 7, 3,
+                                         0x89abcdefu, 0x01234567u);
+      for (int w = 0; w < 4; ++w) ASSERT_EQ(words[4 * lane + w], r.v[w]) << first << " lane " << lane;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradzip

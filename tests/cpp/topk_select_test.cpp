@@ -42,7 +42,7 @@ TEST(TopKSelectTest, MatchesNthElementIncludingTies) {
     for (bool ties : {false, true}) {
       const auto x = random_input(n, static_cast<int>(n) + ties, ties);
       for (int64_t k : {int64_t{0}, int64_t{1}, n / 100, n / 10, n / 2, n - 1, n, n + 5}) {
-        select_topk(x.data(), n, k, got);
+        select_topk(x.data(), nullptr, n, k, got);
         ASSERT_EQ(got, reference_topk(x, k)) << "n=" << n << " k=" << k << " ties=" << ties;
       }
     }
@@ -52,14 +52,14 @@ TEST(TopKSelectTest, MatchesNthElementIncludingTies) {
 TEST(TopKSelectTest, AllEqualMagnitudesTakeTheLowestIndices) {
   std::vector<float> x = {1, -1, 1, -1, 1, -1};
   std::vector<int64_t> got;
-  select_topk(x.data(), 6, 4, got);
+  select_topk(x.data(), nullptr, 6, 4, got);
   EXPECT_EQ(got, (std::vector<int64_t>{0, 1, 2, 3}));
 }
 
 TEST(TopKSelectTest, NanAndInfAreTheLargest) {
   std::vector<float> x = {1, std::nanf(""), -std::numeric_limits<float>::infinity(), 5, 0};
   std::vector<int64_t> got;
-  select_topk(x.data(), 5, 2, got);
+  select_topk(x.data(), nullptr, 5, 2, got);
   EXPECT_EQ(got, (std::vector<int64_t>{1, 2}));
 }
 
@@ -67,7 +67,7 @@ TEST(TopKSelectTest, ApproximateCountIsNearK) {
   const int64_t n = 2000000, k = n / 100;
   const auto x = random_input(n, 11, false);
   std::vector<int64_t> got;
-  select_topk_approx(x.data(), n, k, got);
+  select_topk_approx(x.data(), nullptr, n, k, got);
   EXPECT_NEAR(static_cast<double>(got.size()), static_cast<double>(k), 0.1 * k);
   EXPECT_TRUE(std::is_sorted(got.begin(), got.end()));
   // Everything chosen is at least as large as everything left out.

@@ -6,6 +6,7 @@ the ranks returned, in rank order. A rank that raises fails the call with its tr
 ranks that have not finished within `timeout` seconds (15 s after another rank failed)
 are killed and the call fails: a test never hangs.
 """
+import io
 import multiprocessing
 import os
 import queue
@@ -24,9 +25,14 @@ def _rank_main(fn, rank, world_size, port, args, env, results):
     os.environ.update(env)
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    import torch
     import torch.distributed as dist
     try:
-        results.put((rank, True, fn(rank, world_size, *args)))
+        # Results travel as torch.save bytes: a tensor put on the queue directly would be
+        # shared through memory that disappears when this process exits.
+        value = io.BytesIO()
+        torch.save(fn(rank, world_size, *args), value)
+        results.put((rank, True, value.getvalue()))
     except BaseException:  # noqa: B902 - every failure goes back to the test
         results.put((rank, False, traceback.format_exc()))
     finally:
@@ -77,4 +83,5 @@ def run_ranks(fn, world_size, *args, timeout=240, env=None):
     problems += [f"--- rank {r} ---\n{value}" for r, (ok, value) in sorted(outcome.items()) if not ok]
     if problems:
         raise AssertionError("\n".join(problems))
-    return [outcome[r][1] for r in range(world_size)]
+    import torch
+    return [torch.load(io.BytesIO(outcome[r][1]), weights_only=False) for r in range(world_size)]

@@ -75,7 +75,11 @@ def known_answers(rank, world):
     dist.all_reduce(counts)
     largest = torch.full((100,), float(rank))
     dist.all_reduce(largest, op=dist.ReduceOp.MAX)
-    return x, counts, largest
+    # Half-width tensors: compressed in fp32, returned in their own dtype.
+    half = torch.zeros(1000, dtype=torch.bfloat16)
+    half[rank] = 1.5
+    dist.all_reduce(half)
+    return x, counts, largest, half
 
 
 def test_lossless_cases_give_the_exact_answer():
@@ -86,10 +90,11 @@ def test_lossless_cases_give_the_exact_answer():
         part = torch.zeros(1000)
         part[r * 7: r * 7 + 10] = torch.arange(1, 11, dtype=torch.float32) * (r + 1)
         expected = expected + part
-    for x, counts, largest in results:
+    for x, counts, largest, half in results:
         assert torch.equal(x, expected)
         assert counts.tolist() == [3, 3]
         assert torch.equal(largest, torch.full((100,), 2.0))
+        assert half.dtype == torch.bfloat16 and half[:3].tolist() == [1.5] * 3 and half[3:].abs().sum() == 0
 
 
 def bytes_counted(rank, world, spec):
@@ -220,7 +225,8 @@ def resume(rank, world, spec):
     return all(torch.equal(a, b) for a, b in zip(straight, resumed))
 
 
-@pytest.mark.parametrize("spec", ["topk:density=0.1", "stc:density=0.2", "sign"])
+# Per-element codecs; block scales (sign:block>0, QSGD buckets) follow DDP's bucket layout.
+@pytest.mark.parametrize("spec", ["topk:density=0.1", "stc:density=0.2", "sign:block=0"])
 def test_hook_state_dict_resumes_bit_exactly(spec):
     assert run_ranks(resume, 2, spec) == [True, True]
 

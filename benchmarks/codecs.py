@@ -1,0 +1,95 @@
+"""Encode and decode throughput of every codec on one buffer, against memcpy of the same
+buffer, and top-k against torch.topk, all measured in the same run on one thread.
+
+    python benchmarks/codecs.py                 # 25M fp32 elements (100 MB), like ResNet-50
+    python benchmarks/codecs.py --quick         # 1M elements, fewer repetitions
+
+Throughput is input bytes per second (n × 4 / time); "of memcpy" is that throughput over
+memcpy's, the bandwidth floor of a pass that reads and writes the buffer once. Encode
+includes error feedback (x + residual, and the residual update) where the codec's
+default has it. Rank 0 of nothing: a single process. Prints a table and writes JSON.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import gradzip
+from gradzip import _C
+
+CODECS = [
+    ("identity", False), ("fp16", False), ("bf16", False),
+    ("topk:density=0.01", True), ("topk:density=0.01,approx=1", True), ("topk:density=0.001", True),
+    ("randomk:density=0.01", False), ("stc:density=0.01", True), ("stc:density=0.001", True),
+    ("sign", True), ("sign:vote=majority", False), ("qsgd:bits=4", False), ("qsgd:bits=8", False),
+]
+
+
+def median_time(fn, repetitions):
+    fn()  # warm-up: page faults, caches
+    times = []
+    for _ in range(repetitions):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--numel", type=int, default=25_000_000)
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default="benchmarks/results/codecs.json")
+    args = parser.parse_args()
+    if args.quick:
+        args.numel, args.repetitions = 1_000_000, 2
+    torch.set_num_threads(1)
+    n = args.numel
+    x = torch.randn(n, generator=torch.Generator().manual_seed(0))
+    copy = torch.empty_like(x)
+    memcpy = median_time(lambda: copy.copy_(x), args.repetitions)
+    gbps = lambda seconds: n * 4 / seconds / 1e9  # noqa: E731
+
+    rows = []
+    for spec, ef in CODECS:
+        residual = torch.zeros(n) if ef else None
+        payload = _C.encode(x, spec, residual, 0, 0, 0)
+        encode = median_time(lambda: _C.encode(x, spec, residual, 0, 0, 0), args.repetitions)
+        decode = median_time(lambda: _C.decode(payload, n), args.repetitions)
+        rows.append({"codec": spec, "error_feedback": ef, "payload_bytes": len(payload),
+                     "bits_per_element": 8 * len(payload) / n,
+                     "encode_s": encode, "decode_s": decode,
+                     "encode_of_memcpy": memcpy / encode, "decode_of_memcpy": memcpy / decode})
+
+    k = max(1, n // 100)
+    torch_topk = median_time(lambda: torch.topk(x.abs(), k, sorted=False), args.repetitions)
+    ours = next(r for r in rows if r["codec"] == "topk:density=0.01")["encode_s"]
+
+    print(f"codecs on {n} fp32 elements ({n * 4 / 1e6:.0f} MB), one thread, median of {args.repetitions} "
+          f"({platform.node()}, {platform.processor() or platform.machine()}, {os.cpu_count()} cores)")
+    print(f"memcpy: {memcpy * 1e3:.2f} ms ({gbps(memcpy):.1f} GB/s)")
+    header = f"{'codec':<28} {'bits/elem':>9} {'encode ms':>10} {'GB/s':>6} {'of memcpy':>9} " \
+             f"{'decode ms':>10} {'GB/s':>6} {'of memcpy':>9}"
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        print(f"{r['codec'] + (' +ef' if r['error_feedback'] else ''):<28} {r['bits_per_element']:>9.3f} "
+              f"{r['encode_s'] * 1e3:>10.2f} {gbps(r['encode_s']):>6.2f} {r['encode_of_memcpy']:>9.1%} "
+              f"{r['decode_s'] * 1e3:>10.2f} {gbps(r['decode_s']):>6.2f} {r['decode_of_memcpy']:>9.1%}")
+    print(f"top-k 1%: torch.topk(|x|, k) {torch_topk * 1e3:.1f} ms, gradzip topk encode (+ef) {ours * 1e3:.1f} ms: "
+          f"{torch_topk / ours:.1f}x faster")
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"numel": n, "memcpy_s": memcpy, "torch_topk_s": torch_topk, "rows": rows,
+                               "host": platform.node(), "gradzip": gradzip.__version__}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
