@@ -112,13 +112,15 @@ GZ_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, 
 GZ_HD float uniform01(uint32_t bits) { return static_cast<float>(bits >> 8) * 5.9604644775390625e-8f; }
 
 // QSGD's stochastic level of |v|/norm with s levels: floor(s·r) + 1 with probability
-// s·r − floor(s·r), else floor(s·r); `u` is uniform in [0, 1). Returns 0..s.
+// s·r − floor(s·r), else floor(s·r); `u` is uniform in [0, 1). Returns 0..s (0 for a
+// NaN ratio, as from a zero-norm bucket). Branch-free, so loops over it vectorize.
 GZ_HD uint32_t qsgd_level(float ratio, uint32_t levels, float u) {
-  float scaled = ratio * static_cast<float>(levels);
-  if (!(scaled > 0.0f)) return 0;  // 0, or NaN ratio (a zero-norm bucket)
-  if (scaled >= static_cast<float>(levels)) return levels;
-  const uint32_t low = static_cast<uint32_t>(scaled);
-  return low + (u < scaled - static_cast<float>(low) ? 1u : 0u);
+  const float top = static_cast<float>(levels);
+  float scaled = ratio * top;
+  scaled = scaled > 0.0f ? scaled : 0.0f;  // NaN compares false: 0
+  scaled = scaled < top ? scaled : top;
+  const int32_t low = static_cast<int32_t>(scaled);  // scaled < 2^15: exact truncation
+  return static_cast<uint32_t>(low + (u < scaled - static_cast<float>(low) ? 1 : 0));
 }
 
 }  // namespace gradzip::math

@@ -53,12 +53,14 @@ class QsgdCodec final : public CodecBase {
       std::memcpy(&bucket_norm, norms + 4 * b, 4);
       const int64_t begin = static_cast<int64_t>(b * bucket), length = std::min<int64_t>(bucket, n - begin);
       unpack_bucket(packed, begin, length, width, codes.data());
+      uint32_t highest = 0;  // checked apart from the arithmetic, so both loops vectorize
+      for (int64_t i = 0; i < length; ++i) highest = std::max<uint32_t>(highest, codes[i] & (sign_bit - 1));
+      if (highest > levels) r.fail("level " + std::to_string(highest) + " above " + std::to_string(levels));
       const float unit = scale * bucket_norm / static_cast<float>(levels);
+      float* target = out + begin;
       for (int64_t i = 0; i < length; ++i) {
-        const uint32_t level = codes[i] & (sign_bit - 1);
-        if (level > levels) r.fail("level " + std::to_string(level) + " above " + std::to_string(levels));
-        const float magnitude = unit * static_cast<float>(level);
-        out[begin + i] += (codes[i] & sign_bit) ? -magnitude : magnitude;
+        const float magnitude = unit * static_cast<float>(codes[i] & (sign_bit - 1));
+        target[i] += (codes[i] & sign_bit) ? -magnitude : magnitude;
       }
     }
   }
@@ -84,21 +86,31 @@ class QsgdCodec final : public CodecBase {
     int filled = 0;
     for (int64_t b = 0; b < buckets; ++b) {
       const int64_t begin = b * bucket_, end = std::min(n, begin + bucket_);
-      double accumulated = 0.0;
-      for (int64_t i = begin; i < end; ++i) {
-        const double v = std::fabs(static_cast<double>(u[i]));
-        accumulated = max_norm_ ? std::max(accumulated, v) : accumulated + v * v;
-      }
-      const float norm = static_cast<float>(max_norm_ ? accumulated : std::sqrt(accumulated));
+      const float norm = bucket_norm(u + begin, end - begin);
       std::memcpy(norms + 4 * b, &norm, 4);
       const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
       uint32_t random[32];
+      uint32_t codes[32];
       for (int64_t i = begin; i < end; i += 32) {
         philox_words32(static_cast<uint64_t>(i), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
-        for (int64_t j = i; j < std::min(end, i + 32); ++j) {
-          const float ratio = std::fabs(u[j]) * inverse;
-          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random[j - i]));
-          buffer |= static_cast<uint64_t>(level | (math::nonnegative_bit(u[j]) ? 0u : sign_bit)) << filled;
+        const int count = static_cast<int>(std::min<int64_t>(32, end - i));
+        for (int j = 0; j < count; ++j) {
+          const float ratio = std::fabs(u[i + j]) * inverse;
+          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random[j]));
+          codes[j] = level | (math::nonnegative_bit(u[i + j]) ? 0u : sign_bit);
+        }
+        if (filled == 0 && width == 8 && count == 32) {  // byte-aligned fast paths
+          for (int j = 0; j < 32; ++j) packed[j] = static_cast<uint8_t>(codes[j]);
+          packed += 32;
+          continue;
+        }
+        if (filled == 0 && width == 4 && count == 32) {
+          for (int j = 0; j < 16; ++j) packed[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+          packed += 16;
+          continue;
+        }
+        for (int j = 0; j < count; ++j) {
+          buffer |= static_cast<uint64_t>(codes[j]) << filled;
           filled += width;
           while (filled >= 8) {
             *packed++ = static_cast<uint8_t>(buffer);
@@ -112,6 +124,28 @@ class QsgdCodec final : public CodecBase {
   }
 
  private:
+  // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight double lanes (a fixed
+  // order, so every machine gets the same bits, without one long chain of additions).
+  float bucket_norm(const float* v, int64_t length) const {
+    if (max_norm_) {
+      float largest = 0.0f;
+      for (int64_t i = 0; i < length; ++i) largest = std::max(largest, std::fabs(v[i]));
+      for (int64_t i = 0; i < length; ++i) {
+        if (std::isnan(v[i])) return v[i];  // std::max drops NaN; the norm must carry it
+      }
+      return largest;
+    }
+    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 8 <= length; i += 8) {
+      for (int j = 0; j < 8; ++j) lanes[j] += static_cast<double>(v[i + j]) * v[i + j];
+    }
+    for (; i < length; ++i) lanes[0] += static_cast<double>(v[i]) * v[i];
+    double total = 0.0;
+    for (double lane : lanes) total += lane;
+    return static_cast<float>(std::sqrt(total));
+  }
+
   // Codes [begin, begin + length) of the packed stream.
   static void unpack_bucket(const uint8_t* packed, int64_t begin, int64_t length, int width, uint16_t* codes) {
     const uint64_t first_bit = static_cast<uint64_t>(begin) * width;

@@ -42,32 +42,44 @@ class SignCodec final : public CodecBase {
     }
   }
 
-  // Fuses u = x + residual into the pass that sums each block's magnitudes.
+  // With error feedback and byte-aligned blocks, one streaming pass: per block (in L1),
+  // u = x + residual and its magnitude sum, then its bits and the residual update.
+  // Otherwise the generic path. Both leave what decode_add(−1) of the payload leaves.
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const override {
-    const size_t start = out.size();
-    const float* u = residual ? residual : x;
+    if (!residual || block_ == 0 || block_ % 8 != 0) return CodecBase::encode(x, n, residual, ctx, out);
+    const int64_t blocks = (n + block_ - 1) / block_;
+    wire::Writer w(out);
+    w.header(id(), n);
+    w.put<uint32_t>(static_cast<uint32_t>(block_));
+    const size_t scales_at = out.size();
+    w.reserve(blocks * 4);
+    const size_t bits_at = out.size();
+    w.reserve(wire::bytes_for_bits(n));
+    uint8_t* scales = out.data() + scales_at;  // both after the last resize of `out`
+    uint8_t* bits = out.data() + bits_at;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * block_, length = std::min(n - begin, block_);
+      const float s = static_cast<float>(block_l1(x + begin, residual + begin, length) / static_cast<double>(length));
+      std::memcpy(scales + 4 * b, &s, 4);
+      bitpack::pack_nonnegative(residual + begin, length, bits + begin / 8);
+      bitpack::add_signs(bits + begin / 8, length, -s, s, residual + begin);
+    }
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint32_t>(static_cast<uint32_t>(block_));
     const int64_t blocks = block_ ? (n + block_ - 1) / block_ : 0;
     uint8_t* scales = w.reserve(blocks * 4);
-    if (residual && !block_) {
-      for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
-    }
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * block_, end = std::min(n, begin + block_);
-      const float s = static_cast<float>(block_l1(x + begin, residual ? residual + begin : nullptr, end - begin) /
-                                         static_cast<double>(end - begin));
+      const int64_t begin = b * block_, length = std::min(n - begin, block_);
+      const float s = static_cast<float>(block_l1(u + begin, nullptr, length) / static_cast<double>(length));
       std::memcpy(scales + 4 * b, &s, 4);
     }
     bitpack::pack_nonnegative(u, n, w.reserve(wire::bytes_for_bits(n)));
-    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
-  }
-
- protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    encode(u, n, nullptr, ctx, out);
   }
 
  private:

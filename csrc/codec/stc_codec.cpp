@@ -8,8 +8,7 @@
 #include <cmath>
 
 #include "codec/bitpack.h"
-#include "codec/codec_base.h"
-#include "codec/topk_select.h"
+#include "codec/selection_codec.h"
 #include "codec/wire.h"
 #include "element_math.cuh"
 
@@ -28,12 +27,11 @@ int golomb_parameter(int64_t k, int64_t n) {
   return b < 0 ? 0 : b > kMaxGolombParameter ? kMaxGolombParameter : static_cast<int>(b);
 }
 
-class StcCodec final : public CodecBase {
+class StcCodec final : public SelectionCodec {
  public:
-  StcCodec(double density, bool approx) : density_(density), approx_(approx) {}
+  using SelectionCodec::SelectionCodec;
   CodecId id() const override { return CodecId::kStc; }
   std::string name() const override { return "stc"; }
-  bool biased() const override { return true; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "stc");
@@ -78,25 +76,9 @@ class StcCodec final : public CodecBase {
     for (uint64_t j = 0; j < k; ++j) out[indices[j]] += ((signs[j / 8] >> (j % 8)) & 1) ? plus : minus;
   }
 
-  // Fuses u = x + residual into the selection's histogram pass; the residual update
-  // is the generic one (decode with scale −1: the sent entries only).
-  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
-              std::vector<uint8_t>& out) const override {
-    const size_t start = out.size();
-    std::vector<int64_t> chosen;
-    const int64_t k = count_for_density(density_, n);
-    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
-    write(residual ? residual : x, n, chosen, out);
-    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
-  }
-
  protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    encode(u, n, nullptr, ctx, out);
-  }
-
- private:
-  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const {
+  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
+             std::vector<uint8_t>& out) const override {
     const int64_t k = static_cast<int64_t>(chosen.size());
     double magnitude_sum = 0.0;
     for (int64_t i : chosen) magnitude_sum += std::fabs(static_cast<double>(u[i]));
@@ -133,9 +115,6 @@ class StcCodec final : public CodecBase {
     uint8_t* signs = w.reserve(wire::bytes_for_bits(k));
     for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
   }
-
-  double density_;
-  bool approx_;
 };
 
 }  // namespace

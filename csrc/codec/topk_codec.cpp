@@ -1,18 +1,16 @@
 // topk: the k = ceil(density·n) entries of largest magnitude, as (index, value) pairs.
 // Body: u64 k, u8 index width (4 or 8 bytes), k ascending indices, k fp32 values.
-#include "codec/codec_base.h"
-#include "codec/topk_select.h"
+#include "codec/selection_codec.h"
 #include "codec/wire.h"
 
 namespace gradzip {
 namespace {
 
-class TopKCodec final : public CodecBase {
+class TopKCodec final : public SelectionCodec {
  public:
-  TopKCodec(double density, bool approx) : density_(density), approx_(approx) {}
+  using SelectionCodec::SelectionCodec;
   CodecId id() const override { return CodecId::kTopK; }
   std::string name() const override { return "topk"; }
-  bool biased() const override { return true; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "topk");
@@ -41,25 +39,9 @@ class TopKCodec final : public CodecBase {
     }
   }
 
-  // Fuses u = x + residual into the selection's histogram pass; the residual update
-  // is the generic one (decode with scale −1: the sent entries only).
-  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
-              std::vector<uint8_t>& out) const override {
-    const size_t start = out.size();
-    std::vector<int64_t> chosen;
-    const int64_t k = count_for_density(density_, n);
-    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
-    write(residual ? residual : x, n, chosen, out);
-    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);
-  }
-
  protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    encode(u, n, nullptr, ctx, out);
-  }
-
- private:
-  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const {
+  void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
+             std::vector<uint8_t>& out) const override {
     const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
     wire::Writer w(out);
     w.header(id(), n);
@@ -71,14 +53,13 @@ class TopKCodec final : public CodecBase {
     for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 
+
+ private:
   static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
     uint64_t index = 0;
     std::memcpy(&index, indices + j * width, width);
     return index > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(index);
   }
-
-  double density_;
-  bool approx_;
 };
 
 }  // namespace

@@ -1,0 +1,39 @@
+// SelectionCodec: the codecs that send the k = ceil(density·n) entries of largest
+// magnitude (top-k, STC). They share the selection (exact, or approximate from a
+// sample), with u = x + residual fused into its first pass, and the residual update;
+// each writes its own payload from the chosen indices.
+#pragma once
+
+#include "codec/codec_base.h"
+#include "codec/topk_select.h"
+
+namespace gradzip {
+
+class SelectionCodec : public CodecBase {
+ public:
+  SelectionCodec(double density, bool approx) : density_(density), approx_(approx) {}
+  bool biased() const final { return true; }
+
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+              std::vector<uint8_t>& out) const final {
+    const size_t start = out.size();
+    std::vector<int64_t> chosen;
+    const int64_t k = count_for_density(density_, n);
+    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
+    write(residual ? residual : x, n, chosen, out);
+    if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const final {
+    encode(u, n, nullptr, ctx, out);
+  }
+  // Appends the payload (header included) of u's entries at `chosen` (ascending).
+  virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
+
+ private:
+  double density_;
+  bool approx_;
+};
+
+}  // namespace gradzip
