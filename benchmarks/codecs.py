@@ -7,7 +7,8 @@ buffer, and top-k against torch.topk, all measured in the same run on one thread
 Throughput is input bytes per second (n × 4 / time); "of memcpy" is that throughput over
 memcpy's, the bandwidth floor of a pass that reads and writes the buffer once. Encode
 includes error feedback (x + residual, and the residual update) where the codec's
-default has it. Rank 0 of nothing: a single process. Prints a table and writes JSON.
+default has it; decode adds into a preallocated fp32 sum, as the aggregation does.
+A single process. Prints a table and writes JSON.
 """
 import argparse
 import json
@@ -53,6 +54,7 @@ def main():
     n = args.numel
     x = torch.randn(n, generator=torch.Generator().manual_seed(0))
     copy = torch.empty_like(x)
+    total = torch.zeros(n)  # decode adds into it, as an aggregation sums the ranks' payloads
     memcpy = median_time(lambda: copy.copy_(x), args.repetitions)
     gbps = lambda seconds: n * 4 / seconds / 1e9  # noqa: E731
 
@@ -61,7 +63,7 @@ def main():
         residual = torch.zeros(n) if ef else None
         payload = _C.encode(x, spec, residual, 0, 0, 0)
         encode = median_time(lambda: _C.encode(x, spec, residual, 0, 0, 0), args.repetitions)
-        decode = median_time(lambda: _C.decode(payload, n), args.repetitions)
+        decode = median_time(lambda: _C.decode_add(payload, total), args.repetitions)
         rows.append({"codec": spec, "error_feedback": ef, "payload_bytes": len(payload),
                      "bits_per_element": 8 * len(payload) / n,
                      "encode_s": encode, "decode_s": decode,

@@ -89,24 +89,26 @@ class QsgdCodec final : public CodecBase {
       const float norm = bucket_norm(u + begin, end - begin);
       std::memcpy(norms + 4 * b, &norm, 4);
       const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
-      uint32_t random[32];
-      uint32_t codes[32];
-      for (int64_t i = begin; i < end; i += 32) {
-        philox_words32(static_cast<uint64_t>(i), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
-        const int count = static_cast<int>(std::min<int64_t>(32, end - i));
-        for (int j = 0; j < count; ++j) {
-          const float ratio = std::fabs(u[i + j]) * inverse;
-          const uint32_t level = math::qsgd_level(ratio, levels_, math::uniform01(random[j]));
-          codes[j] = level | (math::nonnegative_bit(u[i + j]) ? 0u : sign_bit);
+      uint32_t random[kPhiloxWords];
+      uint32_t codes[kPhiloxWords];
+      for (int64_t i = begin; i < end; i += kPhiloxWords) {
+        philox_words(static_cast<uint64_t>(i), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
+        const int count = static_cast<int>(std::min<int64_t>(kPhiloxWords, end - i));
+        if (count == kPhiloxWords) {
+          quantize<kPhiloxWords>(u + i, inverse, random, sign_bit, codes);  // a fixed trip count vectorizes
+        } else {
+          for (int j = 0; j < count; ++j) quantize<1>(u + i + j, inverse, random + j, sign_bit, codes + j);
         }
-        if (filled == 0 && width == 8 && count == 32) {  // byte-aligned fast paths
-          for (int j = 0; j < 32; ++j) packed[j] = static_cast<uint8_t>(codes[j]);
-          packed += 32;
+        if (filled == 0 && width == 8 && count == kPhiloxWords) {  // byte-aligned fast paths
+          for (int j = 0; j < kPhiloxWords; ++j) packed[j] = static_cast<uint8_t>(codes[j]);
+          packed += kPhiloxWords;
           continue;
         }
-        if (filled == 0 && width == 4 && count == 32) {
-          for (int j = 0; j < 16; ++j) packed[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
-          packed += 16;
+        if (filled == 0 && width == 4 && count == kPhiloxWords) {
+          for (int j = 0; j < kPhiloxWords / 2; ++j) {
+            packed[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
+          }
+          packed += kPhiloxWords / 2;
           continue;
         }
         for (int j = 0; j < count; ++j) {
@@ -124,7 +126,16 @@ class QsgdCodec final : public CodecBase {
   }
 
  private:
-  // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight double lanes (a fixed
+  // The codes of kCount elements: level in the low bits, sign (1 = negative) on top.
+  template <int kCount>
+  void quantize(const float* v, float inverse, const uint32_t* random, uint32_t sign_bit, uint32_t* codes) const {
+    for (int j = 0; j < kCount; ++j) {
+      const uint32_t level = math::qsgd_level(std::fabs(v[j]) * inverse, levels_, math::uniform01(random[j]));
+      codes[j] = level | ((math::nonnegative_bit(v[j]) ^ 1u) * sign_bit);
+    }
+  }
+
+  // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight float lanes (a fixed
   // order, so every machine gets the same bits, without one long chain of additions).
   float bucket_norm(const float* v, int64_t length) const {
     if (max_norm_) {
@@ -135,14 +146,14 @@ class QsgdCodec final : public CodecBase {
       }
       return largest;
     }
-    double lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     int64_t i = 0;
     for (; i + 8 <= length; i += 8) {
-      for (int j = 0; j < 8; ++j) lanes[j] += static_cast<double>(v[i + j]) * v[i + j];
+      for (int j = 0; j < 8; ++j) lanes[j] += v[i + j] * v[i + j];
     }
-    for (; i < length; ++i) lanes[0] += static_cast<double>(v[i]) * v[i];
+    for (; i < length; ++i) lanes[0] += v[i] * v[i];
     double total = 0.0;
-    for (double lane : lanes) total += lane;
+    for (float lane : lanes) total += lane;
     return static_cast<float>(std::sqrt(total));
   }
 

@@ -48,7 +48,14 @@ class TopKCodec final : public SelectionCodec {
     w.put<uint64_t>(chosen.size());
     w.put<uint8_t>(width);
     uint8_t* indices = w.reserve(chosen.size() * width);
-    for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(indices + j * width, &chosen[j], width);
+    for (size_t j = 0; j < chosen.size(); ++j) {
+      if (width == 4) {
+        const uint32_t index = static_cast<uint32_t>(chosen[j]);
+        std::memcpy(indices + 4 * j, &index, 4);
+      } else {
+        std::memcpy(indices + 8 * j, &chosen[j], 8);
+      }
+    }
     uint8_t* values = w.reserve(chosen.size() * 4);
     for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
@@ -56,8 +63,13 @@ class TopKCodec final : public SelectionCodec {
 
  private:
   static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
-    uint64_t index = 0;
-    std::memcpy(&index, indices + j * width, width);
+    if (width == 4) {
+      uint32_t index;
+      std::memcpy(&index, indices + 4 * j, 4);
+      return index;
+    }
+    uint64_t index;
+    std::memcpy(&index, indices + 8 * j, 8);
     return index > static_cast<uint64_t>(INT64_MAX) ? -1 : static_cast<int64_t>(index);
   }
 };

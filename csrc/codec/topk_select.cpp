@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include "element_math.cuh"
 
@@ -101,6 +102,79 @@ void select_with_histogram(const float* u, int64_t n, int64_t k, const std::arra
   std::merge(sure.begin(), sure.end(), chosen.begin(), chosen.end(), indices.begin());
 }
 
+// The first try of select_topk, one pass instead of two: a threshold that should keep
+// all of the top k and not many more, from 16 evenly spaced blocks (about 1% of the
+// elements); the pass makes u (with a residual) and collects the (key, index) pairs at
+// or above it. If that kept fewer than k (the estimate was too high) or far more (too
+// low), it returns false and select_topk falls back to the histogram. `u_made` says
+// whether the residual already holds u.
+bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices,
+                        bool& u_made) {
+  u_made = false;
+  constexpr int kBlocks = 16;
+  const int64_t per_block = std::max<int64_t>(256, n / 100 / kBlocks);
+  if (per_block * kBlocks * 8 > n) return false;  // too small to gain from sampling
+  std::vector<uint32_t> sample;
+  sample.reserve(per_block * kBlocks);
+  for (int b = 0; b < kBlocks; ++b) {
+    const int64_t start = (n - per_block) * b / (kBlocks - 1);
+    for (int64_t i = start; i < start + per_block; ++i) {
+      sample.push_back(math::magnitude_key(residual ? residual[i] + x[i] : x[i]));  // = u_i, as below
+    }
+  }
+  const double expected = static_cast<double>(k) * static_cast<double>(sample.size()) / static_cast<double>(n);
+  const int64_t rank = static_cast<int64_t>(expected * 1.5 + 4.0 * std::sqrt(expected) + 8.0);
+  if (rank >= static_cast<int64_t>(sample.size())) return false;
+  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<>());
+  const uint32_t lowest = sample[rank - 1];
+
+  const size_t cap = static_cast<size_t>(4 * k + 4096);
+  std::vector<std::pair<uint32_t, int64_t>> candidates;
+  candidates.reserve(std::min<size_t>(cap, static_cast<size_t>(2 * k + 1024)));
+  bool overflow = false;
+  const float* u = residual ? residual : x;
+  auto visit = [&](int64_t i) {
+    const uint32_t key = math::magnitude_key(u[i]);
+    if (key >= lowest && !overflow) {
+      candidates.emplace_back(key, i);
+      overflow = candidates.size() > cap;
+    }
+  };
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    uint32_t any = 0;
+    if (residual) {
+      for (int j = 0; j < 16; ++j) {
+        residual[i + j] += x[i + j];
+        any |= math::magnitude_key(residual[i + j]) >= lowest;
+      }
+    } else {
+      for (int j = 0; j < 16; ++j) any |= math::magnitude_key(x[i + j]) >= lowest;
+    }
+    if (any) {
+      for (int j = 0; j < 16; ++j) visit(i + j);
+    }
+  }
+  for (; i < n; ++i) {
+    if (residual) residual[i] += x[i];
+    visit(i);
+  }
+  u_made = residual != nullptr;
+  if (overflow || static_cast<int64_t>(candidates.size()) < k) return false;
+
+  std::vector<uint32_t> keys(candidates.size());
+  for (size_t j = 0; j < candidates.size(); ++j) keys[j] = candidates[j].first;
+  std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<>());
+  const uint32_t threshold = keys[k - 1];
+  int64_t ties = k - std::count_if(keys.begin(), keys.end(), [threshold](uint32_t key) { return key > threshold; });
+  indices.clear();
+  indices.reserve(k);
+  for (const auto& [key, index] : candidates) {
+    if (key > threshold || (key == threshold && ties-- > 0)) indices.push_back(index);
+  }
+  return true;
+}
+
 }  // namespace
 
 void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices) {
@@ -114,8 +188,12 @@ void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vec
     for (int64_t i = 0; i < n; ++i) indices[i] = i;
     return;
   }
-  const auto hist = digit_histogram(x, residual, n);
-  select_with_histogram(residual ? residual : x, n, k, hist, indices);
+  bool u_made = false;
+  if (select_in_one_pass(x, residual, n, k, indices, u_made)) return;
+  // The histogram method; it makes u itself unless the first try already did.
+  const float* u = residual ? residual : x;
+  const auto hist = u_made ? digit_histogram(u, nullptr, n) : digit_histogram(x, residual, n);
+  select_with_histogram(u, n, k, hist, indices);
 }
 
 void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices) {

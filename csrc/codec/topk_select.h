@@ -1,8 +1,9 @@
 // Selection of the k entries of largest magnitude, without sorting.
 //
-// select_topk: exact. One 11-bit histogram pass over the magnitude bits (the sign-cleared
-// float bits order like |x|), nth_element on the boundary bucket's candidates only,
-// then a filter pass. Ties at the threshold go to the lower indices, so every rank and
+// select_topk: exact. First one pass with a threshold estimated from a 1% sample that
+// keeps every top-k entry and few others; when the estimate misses, an 11-bit histogram
+// pass over the magnitude bits (the sign-cleared float bits order like |x|),
+// nth_element on the boundary bucket's candidates only, then a filter pass. Ties at the threshold go to the lower indices, so every rank and
 // every run agree. NaN counts as larger than +Inf.
 // select_topk_approx: the threshold comes from a contiguous sample of about 1% of the
 // elements; it returns every entry at or above it (about k of them, at least one when k > 0).

@@ -32,16 +32,16 @@ void bind_codec(py::module_& m) {
       },
       py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"));
   m.def(
-      "decode",
-      [](const py::bytes& data, int64_t n) {
+      "decode_add",
+      [](const py::bytes& data, at::Tensor& out) {
+        TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
+                    "gradzip: decode_add writes into a contiguous float32 CPU tensor");
         const std::string_view bytes = data;
         const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
-        auto out = at::zeros({n}, at::kFloat);
         py::gil_scoped_release no_gil;
-        codec_for_payload(p, bytes.size())->decode_add(p, bytes.size(), out.data_ptr<float>(), n);
-        return out;
+        codec_for_payload(p, bytes.size())->decode_add(p, bytes.size(), out.data_ptr<float>(), out.numel());
       },
-      py::arg("data"), py::arg("numel"));
+      py::arg("data"), py::arg("out"), "Adds the payload's values to `out` (its element count must match).");
   m.def(
       "payload_header",
       [](const py::bytes& data) {

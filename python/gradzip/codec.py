@@ -86,7 +86,8 @@ def encode(tensor: torch.Tensor, spec: str, state: Optional[State] = None) -> by
 
 def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
     """A new tensor shaped like `like` (its dtype and device too) holding the payload's values."""
-    values = _C.decode(bytes(data), like.numel())
+    values = torch.zeros(like.numel(), dtype=torch.float32)
+    _C.decode_add(bytes(data), values)
     return values.view(like.shape).to(device=like.device, dtype=like.dtype)
 
 

@@ -96,10 +96,10 @@ namespace gradzip {
 namespace {
 
 TEST(PhiloxBlockTest, MatchesOneGroupAtATime) {
-  uint32_t words[32];
+  uint32_t words[kPhiloxWords];
   for (uint64_t first : {uint64_t{0}, uint64_t{4}, uint64_t{1000003}, (uint64_t{1} << 32) - 8}) {
-    philox_words32(first, 7, 3, 0x123456789abcdefULL, words);
-    for (int lane = 0; lane < 8; ++lane) {
+    philox_words(first, 7, 3, 0x123456789abcdefULL, words);
+    for (int lane = 0; lane < kPhiloxWords / 4; ++lane) {
       const uint64_t counter = first + 4 * lane;
       const auto r = math::philox4x32_10(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 7, 3,
                                          0x89abcdefu, 0x01234567u);
