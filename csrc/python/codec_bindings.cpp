@@ -46,8 +46,9 @@ void bind_codec(py::module_& m) {
       "payload_header",
       [](const py::bytes& data) {
         const std::string_view bytes = data;
-        const auto h = read_payload_header(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
-        return py::make_tuple(static_cast<int>(h.codec), h.version, h.numel);
+        const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+        const auto h = read_payload_header(p, bytes.size());
+        return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel);
       },
       py::arg("data"));
   m.def("codec_kinds", [] {

@@ -93,6 +93,5 @@ def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
 
 def header(data: bytes) -> dict:
     """The payload's header: codec name, wire-format version and element count."""
-    codec_id, version, numel = _C.payload_header(bytes(data))
-    names = list(_CODEC_KEYS)
-    return {"codec": names[codec_id - 1], "version": version, "numel": numel}
+    codec, version, numel = _C.payload_header(bytes(data))
+    return {"codec": codec, "version": version, "numel": numel}
