@@ -59,31 +59,6 @@ void add_signs(const uint8_t* bits, int64_t n, float plus, float minus, float* o
   for (; i < n; ++i) out[i] += ((bits[i / 8] >> (i % 8)) & 1) ? plus : minus;
 }
 
-void pack_codes(const uint16_t* codes, int64_t n, int width, uint8_t* out) {
-  if (width == 8) {
-    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<uint8_t>(codes[i]);
-    return;
-  }
-  if (width == 4) {
-    for (int64_t i = 0; i + 1 < n; i += 2) out[i / 2] = static_cast<uint8_t>(codes[i] | (codes[i + 1] << 4));
-    if (n % 2) out[n / 2] = static_cast<uint8_t>(codes[n - 1]);
-    return;
-  }
-  uint64_t buffer = 0;
-  int filled = 0;
-  int64_t at = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    buffer |= static_cast<uint64_t>(codes[i]) << filled;
-    filled += width;
-    while (filled >= 8) {
-      out[at++] = static_cast<uint8_t>(buffer);
-      buffer >>= 8;
-      filled -= 8;
-    }
-  }
-  if (filled > 0) out[at] = static_cast<uint8_t>(buffer);
-}
-
 void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes) {
   if (width == 8) {
     for (int64_t i = 0; i < n; ++i) codes[i] = in[i];

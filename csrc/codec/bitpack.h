@@ -14,8 +14,7 @@ void pack_nonnegative(const float* x, int64_t n, uint8_t* out);
 // out[i] += bit i ? plus : minus, for i in [0, n).
 void add_signs(const uint8_t* bits, int64_t n, float plus, float minus, float* out);
 
-// Codes of `width` bits (1..16) each, element i at bit offset i × width.
-void pack_codes(const uint16_t* codes, int64_t n, int width, uint8_t* out);
+// Reads n codes of `width` bits (1..16) each, element i at bit offset i × width.
 void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes);
 
 // Writes bits into a growing byte vector; flush() pads the last byte with zeros.

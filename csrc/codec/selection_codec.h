@@ -9,12 +9,12 @@
 
 namespace gradzip {
 
-class SelectionCodec : public CodecBase {
+class SelectionCodec : public Codec {
  public:
   SelectionCodec(double density, bool approx) : density_(density), approx_(approx) {}
   bool biased() const final { return true; }
 
-  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext&,
               std::vector<uint8_t>& out) const final {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
@@ -25,9 +25,6 @@ class SelectionCodec : public CodecBase {
   }
 
  protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const final {
-    encode(u, n, nullptr, ctx, out);
-  }
   // Appends the payload (header included) of u's entries at `chosen` (ascending).
   virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
 
