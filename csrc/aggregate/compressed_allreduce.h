@@ -36,9 +36,6 @@ class CompressedAllreduce final : public Aggregation {
   TensorState tensor_state(const std::string& key) const override;
   void set_tensor_state(const std::string& key, TensorState state) override;
 
-  const Codec& codec() const { return *codec_; }
-  bool error_feedback() const { return error_feedback_; }
-
  private:
   std::unique_ptr<Codec> codec_;
   bool error_feedback_;

@@ -40,11 +40,10 @@ class RandomKCodec final : public CodecBase {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "randomk");
     r.header(id(), n);
-    const uint64_t k = r.get<uint64_t>("k");
+    const uint64_t k = r.get_count("k", n);
     const uint64_t seed = r.get<uint64_t>("seed");
     const uint64_t step = r.get<uint64_t>("step");
     const float value_scale = r.get<float>("value scale");
-    if (k > static_cast<uint64_t>(n)) r.fail("k = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
     const uint8_t* values = r.take(k * 4, "values");
     r.finish();
     const auto chosen = sample_indices(n, static_cast<int64_t>(k), seed, step);

@@ -36,12 +36,11 @@ class StcCodec final : public SelectionCodec {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "stc");
     r.header(id(), n);
-    const uint64_t k = r.get<uint64_t>("k");
+    const uint64_t k = r.get_count("k", n);
     const float mu = r.get<float>("mu");
     const uint8_t coding = r.get<uint8_t>("position coding");
     const int b = r.get<uint8_t>("golomb parameter");
     const uint64_t position_bytes = r.get<uint64_t>("position bytes");
-    if (k > static_cast<uint64_t>(n)) r.fail("k = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
     if (coding != kGolomb && coding != kBitmap) r.fail("unknown position coding " + std::to_string(coding));
     if (b > kMaxGolombParameter) r.fail("golomb parameter " + std::to_string(b) + " above " + std::to_string(kMaxGolombParameter));
     const uint8_t* positions = r.take(position_bytes, "positions");

@@ -15,9 +15,8 @@ class TopKCodec final : public SelectionCodec {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "topk");
     r.header(id(), n);
-    const uint64_t k = r.get<uint64_t>("k");
+    const uint64_t k = r.get_count("k", n);
     const uint8_t width = r.get<uint8_t>("index width");
-    if (k > static_cast<uint64_t>(n)) r.fail("k = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
     if (width != 4 && width != 8) r.fail("index width " + std::to_string(width) + " is neither 4 nor 8");
     const uint8_t* indices = r.take(k * width, "indices");
     const uint8_t* values = r.take(k * 4, "values");

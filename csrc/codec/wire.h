@@ -57,6 +57,14 @@ class Reader {
     at_ += bytes;
     return p;
   }
+  // A count of selected entries: throws unless it is at most n.
+  uint64_t get_count(const char* field, int64_t n) {
+    const uint64_t k = get<uint64_t>(field);
+    if (k > static_cast<uint64_t>(n)) {
+      fail(std::string(field) + " = " + std::to_string(k) + " exceeds the " + std::to_string(n) + " elements");
+    }
+    return k;
+  }
   // Skips the header after checking it names this codec and n elements.
   void header(CodecId codec, int64_t n);
   // Throws unless every byte was read.
