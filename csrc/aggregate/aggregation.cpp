@@ -4,6 +4,7 @@
 
 #include "aggregate/compressed_allreduce.h"
 #include "aggregate/exact_allreduce.h"
+#include "aggregate/gossip.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
@@ -32,6 +33,14 @@ const std::vector<AggregationKind>& aggregation_kinds() {
                        return std::make_unique<CompressedAllreduce>(spec);
                      }});
     }
+    all.push_back({"gossip", "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
+                   topology_keys(), [](const Spec& spec) -> std::unique_ptr<Aggregation> {
+                     return std::make_unique<GossipAverage>(spec);
+                   }});
+    all.push_back({"choco", "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences",
+                   choco_keys(), [](const Spec& spec) -> std::unique_ptr<Aggregation> {
+                     return std::make_unique<ChocoGossip>(spec);
+                   }});
     return all;
   }();
   return kinds;

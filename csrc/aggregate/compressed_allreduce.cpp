@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 
 namespace gradzip {
@@ -10,12 +11,6 @@ namespace {
 bool compressible(const at::Tensor& t) {
   const auto type = t.scalar_type();
   return type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
-}
-
-c10::intrusive_ptr<c10d::Work> completed(std::vector<at::Tensor>& tensors) {
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
-  future->markCompleted(c10::IValue(tensors));
-  return c10d::Work::create_from_future(future);
 }
 
 // Allgathers byte payloads of any sizes over `transport`, on `device` (NCCL moves CUDA
@@ -47,7 +42,7 @@ const std::vector<std::string>& compressed_aggregation_keys() {
 }
 
 CompressedAllreduce::CompressedAllreduce(const Spec& spec)
-    : Aggregation(spec),
+    : StatefulAggregation(spec),
       codec_(make_codec(spec)),
       error_feedback_(spec.get_bool("ef", codec_->biased() && spec.get_string("vote", "mean") != "majority")),
       majority_(spec.get_string("vote", "mean") == "majority"),
@@ -109,28 +104,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   tensor.copy_(sum.view(tensor.sizes()));
   // An allgather sends this rank's (padded) payload to every other rank and receives theirs.
   stats.add((ranks - 1) * (padded + 8), (ranks - 1) * (padded + 8), ring_allreduce_bytes(n * 4, ranks));
-  return completed(tensors);
-}
-
-std::map<std::string, TensorState> CompressedAllreduce::state() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return state_;
-}
-
-void CompressedAllreduce::load_state(std::map<std::string, TensorState> state) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  state_ = std::move(state);
-}
-
-TensorState CompressedAllreduce::tensor_state(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = state_.find(key);
-  return it == state_.end() ? TensorState{} : it->second;
-}
-
-void CompressedAllreduce::set_tensor_state(const std::string& key, TensorState state) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  state_[key] = std::move(state);
+  return completed_work(tensors);
 }
 
 }  // namespace gradzip

@@ -15,26 +15,18 @@
 // model-level API parameter names. state_dict()/load_state_dict() save and restore it.
 #pragma once
 
-#include <map>
-#include <mutex>
-
-#include "gradzip/aggregation.h"
+#include "aggregate/stateful_aggregation.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
 
-class CompressedAllreduce final : public Aggregation {
+class CompressedAllreduce final : public StatefulAggregation {
  public:
   explicit CompressedAllreduce(const Spec& spec);
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                            const std::string& key) override;
-
-  std::map<std::string, TensorState> state() const override;
-  void load_state(std::map<std::string, TensorState> state) override;
-  TensorState tensor_state(const std::string& key) const override;
-  void set_tensor_state(const std::string& key, TensorState state) override;
 
  private:
   std::unique_ptr<Codec> codec_;
@@ -43,8 +35,6 @@ class CompressedAllreduce final : public Aggregation {
   int64_t min_numel_;
   int64_t warmup_;
   uint64_t seed_;
-  mutable std::mutex mutex_;
-  std::map<std::string, TensorState> state_;
 };
 
 // The spec keys every compressed aggregation takes, besides its codec's.

@@ -25,23 +25,33 @@ py::dict stats_to_python(const Stats& stats) {
 
 namespace {
 
+at::Tensor to_tensor(const std::vector<float>& values) {
+  return at::from_blob(const_cast<float*>(values.data()), {static_cast<int64_t>(values.size())}, at::kFloat).clone();
+}
+
+std::vector<float> from_tensor(const py::handle& object) {
+  const auto t = object.cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
+  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
+}
+
 py::dict tensor_state_to_python(const TensorState& s) {
   py::object residual = py::none();
-  if (!s.residual.empty()) {
-    residual = py::cast(
-        at::from_blob(const_cast<float*>(s.residual.data()), {static_cast<int64_t>(s.residual.size())}, at::kFloat)
-            .clone());
-  }
-  return py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls, py::arg("step") = s.step);
+  if (!s.residual.empty()) residual = py::cast(to_tensor(s.residual));
+  py::dict copies;
+  for (const auto& [rank, copy] : s.public_copies) copies[py::int_(rank)] = to_tensor(copy);
+  return py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls, py::arg("step") = s.step,
+                  py::arg("public_copies") = copies);
 }
 
 TensorState tensor_state_from_python(const py::dict& entry) {
   TensorState s;
   s.calls = entry["calls"].cast<int64_t>();
   s.step = entry["step"].cast<uint64_t>();
-  if (!entry["residual"].is_none()) {
-    const auto residual = entry["residual"].cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
-    s.residual.assign(residual.data_ptr<float>(), residual.data_ptr<float>() + residual.numel());
+  if (!entry["residual"].is_none()) s.residual = from_tensor(entry["residual"]);
+  if (entry.contains("public_copies")) {
+    for (const auto& [rank, copy] : entry["public_copies"].cast<py::dict>()) {
+      s.public_copies.emplace(rank.cast<int>(), from_tensor(copy));
+    }
   }
   return s;
 }

@@ -11,8 +11,10 @@ namespace gradzip::python {
 void bind_backend(pybind11::module_& m);
 void bind_aggregation(pybind11::module_& m);
 void bind_codec(pybind11::module_& m);
+void bind_topology(pybind11::module_& m);
 
-// Aggregation state as Python sees it: {key: {"residual": Tensor or None, "calls": int, "step": int}}.
+// Aggregation state as Python sees it: {key: {"residual": Tensor or None, "calls": int, "step": int,
+// "public_copies": {rank: Tensor}}}.
 pybind11::dict state_to_python(const std::map<std::string, TensorState>& state);
 std::map<std::string, TensorState> state_from_python(const pybind11::dict& state);
 

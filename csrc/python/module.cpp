@@ -19,6 +19,7 @@ PYBIND11_MODULE(_C, m) {
   gradzip::python::bind_backend(m);
   gradzip::python::bind_aggregation(m);
   gradzip::python::bind_codec(m);
+  gradzip::python::bind_topology(m);
 
   m.def(
       "canonical_spec",

@@ -25,6 +25,8 @@ struct TensorState {
   std::vector<float> residual;  // error feedback: what was not sent yet (empty when off)
   int64_t calls = 0;            // all-reduces of this tensor so far, exact ones included
   uint64_t step = 0;            // compressed encodes so far: seeds the codec's random draws
+  // CHOCO gossip: the public copies x^ of this rank and of its neighbours, by rank.
+  std::map<int, std::vector<float>> public_copies;
 };
 
 class Aggregation {

@@ -3,8 +3,9 @@
 ``import gradzip`` registers the torch.distributed backend ``"gradzip"`` (devices cpu
 and cuda). Its ``all_reduce`` runs the configured aggregation; every other collective
 is forwarded, exactly, to Gloo (CPU tensors) or NCCL (CUDA tensors). The same
-aggregations serve a DDP comm hook (gradzip.hooks), whole models (gradzip.Aggregation)
-and code that moves bytes itself (gradzip.codec).
+aggregations serve a DDP comm hook (gradzip.hooks), whole models (gradzip.Aggregation,
+also for decentralized gossip over a gradzip.Topology) and code that moves bytes itself
+(gradzip.codec).
 
     import gradzip, torch.distributed as dist
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
@@ -19,6 +20,7 @@ from .backend import register
 from .stats import reset_stats, stats
 from . import codec, hooks
 from .aggregation import Aggregation
+from .topology import Topology
 from .codec import PayloadError
 
 __version__ = "0.1.0"
@@ -37,6 +39,7 @@ def cuda_architectures() -> list:
 register()
 
 __all__ = [
-    "Aggregation", "Options", "PayloadError", "codec", "hooks", "SpecError", "aggregations", "canonical_spec", "cuda_architectures", "cuda_built",
-    "init_process_group", "launch_environment", "register", "reset_stats", "stats",
+    "Aggregation", "Options", "PayloadError", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
+    "cuda_architectures", "cuda_built", "hooks", "init_process_group", "launch_environment", "register",
+    "reset_stats", "stats",
 ]

@@ -4,10 +4,17 @@
     loss.backward(); agg(model, op="avg", mode="grad"); opt.step()   # gradients
     agg(model, op="avg", mode="model")                              # parameters themselves
 
-Each parameter is one logical tensor, keyed by its name, so error feedback follows it
-exactly. op "avg" and "sum" use the spec's aggregation; "min" and "max" are exact.
+Decentralized training (D-PSGD, CHOCO-SGD): no DDP; each rank steps on its own data, then
+averages its parameters with its neighbours (the mode defaults to "model" for gossip specs):
+
+    gossip = gradzip.Aggregation("gossip:topology=exp")       # or "choco:...,gamma=..."
+    loss.backward(); opt.step(); gossip(model)
+
+Each parameter is one logical tensor, keyed by its name, so error feedback (and CHOCO's
+public copies) follow it exactly. op "avg" and "sum" use the spec's aggregation; "min"
+and "max" are exact.
 """
-from typing import Iterable, Union
+from typing import Iterable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -16,6 +23,7 @@ from ._extension import _C
 from ._transport import transport_of
 from .options import canonical_spec
 
+_DECENTRALIZED = ("gossip", "choco")
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -27,18 +35,21 @@ class Aggregation:
         self.spec = canonical_spec(spec)
         self.group = group
         self._aggregation = _C.Aggregation(self.spec)
+        self.decentralized = self.spec.split(":", 1)[0] in _DECENTRALIZED
 
     def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]], op: str = "avg",
-                 mode: str = "grad", buffers: bool = False):
+                 mode: Optional[str] = None, buffers: bool = False):
         """Reduces in place and returns `target`.
 
         target: a module, a tensor, or a list of tensors (keyed by position).
         op: "avg", "sum", "min" or "max".
         mode: for a module, "grad" (each parameter's .grad; None skipped) or "model"
-            (the parameters themselves).
+            (the parameters themselves). Default: "model" for gossip and choco, else "grad".
         buffers: with mode "model", also the module's floating buffers (BatchNorm statistics)."""
         if op not in _OPS:
             raise ValueError(f"gradzip.Aggregation: op must be one of {', '.join(_OPS)}, not {op!r}")
+        if mode is None:
+            mode = "model" if self.decentralized else "grad"
         if isinstance(target, torch.nn.Module):
             if mode not in ("grad", "model"):
                 raise ValueError(f"gradzip.Aggregation: mode must be 'grad' or 'model', not {mode!r}")

@@ -1,0 +1,259 @@
+#include "aggregate/gossip.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "aggregate/completed_work.h"
+#include "aggregate/exact_allreduce.h"
+#include "aggregate/peer_exchange.h"
+
+namespace gradzip {
+namespace {
+
+constexpr int64_t kHeaderBytes = 4 * sizeof(int64_t);
+
+bool averaged(const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
+  const auto op = opts.reduceOp.op_;
+  return tensor.is_floating_point() && (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
+}
+
+// The header every gossip message carries: its byte count, then what the peers must agree on.
+std::vector<int64_t> message_header(int64_t bytes, const at::Tensor& tensor, uint64_t step) {
+  return {bytes, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(), static_cast<int64_t>(step)};
+}
+
+std::string describe(const std::vector<int64_t>& h) {
+  return std::to_string(h[2]) + " elements of " + c10::toString(static_cast<at::ScalarType>(h[1])) + " at step " +
+         std::to_string(h[3]);
+}
+
+void check_peers(const std::vector<PeerMessage>& messages, const std::vector<int64_t>& mine, int rank,
+                 const std::string& key) {
+  for (const auto& m : messages) {
+    TORCH_CHECK(m.header.size() == mine.size() && std::equal(mine.begin() + 1, mine.end(), m.header.begin() + 1),
+                "gradzip: gossip between ranks ", rank, " and ", m.rank, " for the tensor keyed '", key,
+                "' does not match: rank ", rank, " has ", describe(mine), ", rank ", m.rank, " has ",
+                describe(m.header), " (every rank must gossip the same tensors in the same order)");
+  }
+}
+
+std::vector<int> ranks_of(const std::vector<Neighbour>& neighbours) {
+  std::vector<int> ranks;
+  for (const auto& n : neighbours) ranks.push_back(n.rank);
+  return ranks;
+}
+
+int64_t bytes_received(const std::vector<PeerMessage>& messages) {
+  int64_t total = 0;
+  for (const auto& m : messages) total += m.bytes.numel() + kHeaderBytes;
+  return total;
+}
+
+void check_topology_spec(const Spec& spec) {
+  const auto name = spec.get_string("topology", "exp");
+  const auto& names = Topology::names();
+  if (std::find(names.begin(), names.end(), name) == names.end()) {
+    Topology(name, 1);  // throws the error that lists the valid names
+  }
+  const auto weights = spec.get_string("weights", "mh");
+  if (weights != "mh" && weights != "uniform") {
+    throw SpecError("gradzip: spec '" + spec.str() + "': weights must be 'mh' or 'uniform', got '" + weights + "'");
+  }
+  if ((name == "explicit") != spec.has("edges")) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': topology=explicit takes its graph from edges=a-b;c-d;... "
+                    "and edges are only for topology=explicit");
+  }
+}
+
+// choco's codec: `compress` with the spec's remaining keys, which must all be that codec's.
+std::unique_ptr<Codec> choco_codec(const Spec& spec) {
+  Spec codec_spec{spec.get_string("compress", "sign"), {}};
+  const auto& kinds = codec_kinds();
+  auto kind = std::find_if(kinds.begin(), kinds.end(), [&](const CodecKind& k) { return k.name == codec_spec.name; });
+  if (kind == kinds.end()) {
+    std::string names;
+    for (const auto& k : kinds) names += (names.empty() ? "" : ", ") + k.name;
+    throw SpecError("gradzip: spec '" + spec.str() + "': compress='" + codec_spec.name + "' is not a codec; valid: " +
+                    names);
+  }
+  const auto& own = topology_keys();
+  for (const auto& [key, value] : spec.params) {
+    if (std::find(own.begin(), own.end(), key) != own.end() || key == "compress" || key == "gamma" || key == "seed") {
+      continue;
+    }
+    if (key == "vote" || std::find(kind->keys.begin(), kind->keys.end(), key) == kind->keys.end()) {
+      std::string valid;
+      for (const auto& k : kind->keys) valid += k == "vote" ? "" : (valid.empty() ? "" : ", ") + k;
+      throw SpecError("gradzip: spec '" + spec.str() + "': key '" + key + "' is not one of codec '" +
+                      codec_spec.name + "''s keys for choco (" + (valid.empty() ? "none" : valid) + ")");
+    }
+    codec_spec.params.emplace(key, value);
+  }
+  return make_codec(codec_spec);
+}
+
+}  // namespace
+
+const std::vector<std::string>& topology_keys() {
+  static const std::vector<std::string> keys = {"topology", "weights", "edges"};
+  return keys;
+}
+
+std::vector<std::string> choco_keys() {
+  std::vector<std::string> keys = topology_keys();
+  keys.insert(keys.end(), {"compress", "gamma", "seed"});
+  for (const auto& kind : codec_kinds()) {
+    for (const auto& key : kind.keys) {
+      if (key != "vote" && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
+    }
+  }
+  return keys;
+}
+
+const Topology& TopologyCache::get(int size) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = topologies_.find(size);
+  if (it == topologies_.end()) it = topologies_.emplace(size, Topology::from_spec(spec_, size)).first;
+  return it->second;
+}
+
+GossipAverage::GossipAverage(const Spec& spec) : StatefulAggregation(spec), topologies_(spec) {
+  check_topology_spec(spec);
+}
+
+c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>& tensors,
+                                                        const c10d::AllreduceOptions& opts,
+                                                        const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                        Stats& stats, const std::string& key) {
+  TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
+  at::Tensor& tensor = tensors.front();
+  if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
+  const int size = transport->getSize();
+  const int rank = transport->getRank();
+  const Topology& topology = topologies_.get(size);
+  uint64_t step;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    step = static_cast<uint64_t>(state_[key].calls++);
+  }
+  const auto& neighbours = topology.neighbours(rank, step);
+  const auto flat = tensor.detach().contiguous().view(-1);
+  const auto bytes = flat.view(at::kByte);
+  const auto header = message_header(bytes.numel(), tensor, step);
+  const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
+  check_peers(messages, header, rank, key);
+
+  // Sum the weighted terms in ascending rank order, this rank's own among them.
+  const auto accumulate = tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  at::Tensor sum;
+  auto add = [&](const at::Tensor& x, double weight) {
+    const auto term = x.to(accumulate);
+    if (sum.defined()) {
+      sum.add_(term, weight);
+    } else {
+      sum = term * weight;
+    }
+  };
+  bool self_added = false;
+  for (size_t p = 0; p < messages.size(); ++p) {
+    if (!self_added && rank < messages[p].rank) {
+      add(flat, topology.self_weight(rank, step));
+      self_added = true;
+    }
+    add(messages[p].bytes.view(tensor.scalar_type()), neighbours[p].weight);
+  }
+  if (!self_added) add(flat, topology.self_weight(rank, step));
+  if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) sum.mul_(size);
+  tensor.copy_(sum.view(tensor.sizes()));
+
+  const int64_t peers = static_cast<int64_t>(neighbours.size());
+  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages),
+            ring_allreduce_bytes(tensor.numel() * 4, size));
+  return completed_work(tensors);
+}
+
+ChocoGossip::ChocoGossip(const Spec& spec)
+    : StatefulAggregation(spec),
+      topologies_(spec),
+      codec_(choco_codec(spec)),
+      gamma_(spec.get_double("gamma", 0.0)),
+      seed_(static_cast<uint64_t>(spec.get_int("seed", 0))) {
+  check_topology_spec(spec);
+  if (spec.get_string("topology", "exp") == "onepeer") {
+    throw SpecError("gradzip: spec '" + spec.str() + "': choco keeps public copies of fixed neighbours, and onepeer "
+                    "changes them every step; use ring, torus, exp, complete or explicit");
+  }
+  if (!spec.has("gamma") || !(gamma_ > 0.0 && gamma_ <= 1.0)) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': choco needs gamma, its consensus step, in (0, 1]; the "
+                    "stronger the compression the smaller (e.g. 0.5 for sign, 0.05 for topk at density 0.01)");
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& tensors,
+                                                      const c10d::AllreduceOptions& opts,
+                                                      const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                      Stats& stats, const std::string& key) {
+  TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
+  at::Tensor& tensor = tensors.front();
+  if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
+  const int size = transport->getSize();
+  const int rank = transport->getRank();
+  const Topology& topology = topologies_.get(size);
+  const int64_t n = tensor.numel();
+  std::unique_lock<std::mutex> lock(mutex_);
+  TensorState& state = state_[key];
+  const auto step = static_cast<uint64_t>(state.calls++);
+  lock.unlock();
+  const auto& neighbours = topology.neighbours(rank, step);
+  auto& copies = state.public_copies;
+  auto copy_of = [&](int owner) -> std::vector<float>& {
+    auto& copy = copies[owner];
+    if (copy.empty()) copy.assign(n, 0.0f);
+    TORCH_CHECK(static_cast<int64_t>(copy.size()) == n, "gradzip: the tensor keyed '", key, "' had ", copy.size(),
+                " elements and now has ", n, "; a key must always name a tensor of the same size");
+    return copy;
+  };
+  std::vector<float>& mine = copy_of(rank);
+
+  // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.
+  const auto x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
+  const float* xs = x.data_ptr<float>();
+  std::vector<float> difference(n);
+  for (int64_t i = 0; i < n; ++i) difference[i] = xs[i] - mine[i];
+  std::vector<uint8_t> payload;
+  codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_, step, static_cast<uint32_t>(rank)}, payload);
+  const auto bytes =
+      at::from_blob(payload.data(), {static_cast<int64_t>(payload.size())}, at::kByte).to(tensor.device());
+  const auto header = message_header(bytes.numel(), tensor, step);
+  const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
+  check_peers(messages, header, rank, key);
+
+  codec_->decode_add(payload.data(), payload.size(), mine.data(), n);
+  for (const auto& m : messages) {
+    const auto received = m.bytes.cpu();
+    try {
+      codec_->decode_add(received.data_ptr<uint8_t>(), received.numel(), copy_of(m.rank).data(), n);
+    } catch (const PayloadError& e) {
+      TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", key,
+                  "' cannot be decoded: ", e.what());
+    }
+  }
+
+  // x += gamma * sum_j w_ij (x^_j - x^_i), neighbours in ascending rank order.
+  auto delta = at::zeros({n}, at::kFloat);
+  float* d = delta.data_ptr<float>();
+  for (const auto& neighbour : neighbours) {
+    const float w = static_cast<float>(neighbour.weight);
+    const float* theirs = copies[neighbour.rank].data();
+    for (int64_t i = 0; i < n; ++i) d[i] += w * (theirs[i] - mine[i]);
+  }
+  tensor.add_(delta.view(tensor.sizes()).to(tensor.device(), tensor.scalar_type()), gamma_);
+  if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) tensor.mul_(size);
+
+  const int64_t peers = static_cast<int64_t>(neighbours.size());
+  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages), ring_allreduce_bytes(n * 4, size));
+  return completed_work(tensors);
+}
+
+}  // namespace gradzip

@@ -1,0 +1,73 @@
+// Decentralized aggregations: each rank talks only to its neighbours in a Topology
+// (gradzip/topology.h) and ends with a weighted neighbour average, not the global one.
+//
+//   gossip   (D-PSGD)    x_i <- sum_j w_ij x_j, over the step's neighbours j and i itself.
+//   choco    (CHOCO-SGD) each rank keeps public copies x^ of itself and its neighbours;
+//            it sends q_i = Q(x_i - x^_i) through a codec (gradzip/codec.h), every holder
+//            of a copy adds the decoded q to it, then x_i += gamma sum_j w_ij (x^_j - x^_i).
+//
+// Both conserve the sum over ranks (W is doubly stochastic) up to float rounding. Terms
+// are summed in ascending rank order, so results are identical from run to run, and two
+// ranks with the same weights (onepeer) end bitwise equal. The step of the topology is
+// the number of calls for the key so far; peers check that they agree on it, on the dtype
+// and on the element count, and raise naming both ranks when they do not.
+//
+// Floating tensors with AVG are averaged; SUM returns size x the average (an estimate of
+// the sum). Other dtypes and ops go through the transport's exact all-reduce.
+// gossip computes in the tensor's dtype (fp32 for fp16/bf16); choco keeps its copies in
+// fp32 on the CPU. The topology's size is the transport's.
+#pragma once
+
+#include <map>
+
+#include "aggregate/stateful_aggregation.h"
+#include "gradzip/codec.h"
+#include "gradzip/topology.h"
+
+namespace gradzip {
+
+// A Topology per group size, built from the spec on first use.
+class TopologyCache {
+ public:
+  explicit TopologyCache(Spec spec) : spec_(std::move(spec)) {}
+  const Topology& get(int size);
+
+ private:
+  Spec spec_;
+  std::mutex mutex_;
+  std::map<int, Topology> topologies_;
+};
+
+class GossipAverage final : public StatefulAggregation {
+ public:
+  explicit GossipAverage(const Spec& spec);
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                           const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                           const std::string& key) override;
+
+ private:
+  TopologyCache topologies_;
+};
+
+class ChocoGossip final : public StatefulAggregation {
+ public:
+  explicit ChocoGossip(const Spec& spec);
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                           const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                           const std::string& key) override;
+
+ private:
+  TopologyCache topologies_;
+  std::unique_ptr<Codec> codec_;
+  double gamma_;
+  uint64_t seed_;
+};
+
+// The spec keys of the graph: topology, weights, edges.
+const std::vector<std::string>& topology_keys();
+// choco's keys: the graph's, compress, gamma, seed, and every codec's keys.
+std::vector<std::string> choco_keys();
+
+}  // namespace gradzip

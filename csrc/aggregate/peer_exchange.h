@@ -1,0 +1,32 @@
+// Point-to-point exchange with a rank's gossip neighbours over the transport.
+//
+// Each call sends this rank's message to every peer and receives every peer's message:
+// first a small header of int64s (header[0] is the message's byte count, the rest is
+// the caller's fingerprint), then the bytes, sized by the header received. Pairs post in
+// a globally consistent order (the lower rank sends first), so blocking transports (NCCL
+// on one stream per pair) cannot deadlock. Messages carry kGossipTag, so they never match
+// a user's send/recv on the same transport.
+#pragma once
+
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+namespace gradzip {
+
+constexpr int kGossipTag = 0x67a05;
+
+struct PeerMessage {
+  int rank;
+  std::vector<int64_t> header;  // as sent by the peer; header[0] = bytes.numel()
+  at::Tensor bytes;             // uint8, on the transport's device
+};
+
+// `bytes` is a contiguous uint8 tensor on the transport's device; header[0] must equal
+// bytes.numel() and every peer must send a header of the same length. Returns the
+// peers' messages in the order of `peers`.
+std::vector<PeerMessage> exchange_with_peers(const std::vector<int64_t>& header, const at::Tensor& bytes,
+                                             const std::vector<int>& peers,
+                                             const c10::intrusive_ptr<c10d::Backend>& transport);
+
+}  // namespace gradzip
