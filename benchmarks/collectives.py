@@ -1,13 +1,16 @@
-"""all_reduce time of gradzip (exact aggregation) against Gloo, measured in the same run.
+"""all_reduce of a gradient: Gloo dense against gradzip's aggregations, in the same run.
 
     torchrun --standalone --nproc-per-node 4 benchmarks/collectives.py
     mpirun -np 4 python benchmarks/collectives.py
+    sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/collectives.py
 
-Three process groups share the ranks: Gloo, gradzip with its collective check (the
-default) and gradzip with validate=False. For each size the calls alternate between
-the groups, so drift in the machine's load hits all three alike. A call's time is the
-slowest rank's; the table gives the median over the repetitions, and each gradzip
-column's ratio to Gloo. Rank 0 prints the table and writes JSON.
+Every method is its own process group over the same ranks: "gloo" (dense, Gloo's own
+all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path). For each
+size the calls go round the methods in turn, so drift in the machine's load hits all
+alike. A call's time is the slowest rank's, after a barrier; the table gives the median
+over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
+2(P-1)/P x 4n bytes of a ring all-reduce) and the speedup over Gloo. Rank 0 prints the
+table and writes JSON.
 """
 import argparse
 import json
@@ -22,14 +25,8 @@ import torch.distributed as dist
 
 import gradzip
 
-SIZES = [4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20, 256 << 20]
-QUICK_SIZES = [4 << 10, 1 << 20]
-
-
-def repetitions(nbytes, quick):
-    if quick:
-        return 3
-    return 40 if nbytes <= 1 << 20 else 15 if nbytes <= 16 << 20 else 5
+SPECS = ["allreduce", "fp16", "topk:density=0.01", "stc:density=0.01", "sign", "qsgd:bits=4", "qsgd:bits=8"]
+DEFAULT_NUMEL = 25_000_000  # fp32 gradient of ResNet-50
 
 
 def time_call(fn, group):
@@ -39,59 +36,68 @@ def time_call(fn, group):
     return time.perf_counter() - start
 
 
-def human(nbytes):
-    for unit in ("B", "KB", "MB", "GB"):
-        if nbytes < 1024 or unit == "GB":
-            return f"{nbytes:g} {unit}"
-        nbytes /= 1024
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="two sizes, three repetitions (seconds)")
+    parser.add_argument("--numel", type=lambda s: [int(float(v)) for v in s.split(",")], default=[DEFAULT_NUMEL],
+                        help="fp32 elements per gradient, comma-separated for several (default 25e6)")
+    parser.add_argument("--specs", default=";".join(SPECS),
+                        help="gradzip specs, separated by ';' (default: %(default)s)")
+    parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition (seconds)")
     parser.add_argument("--json", default="benchmarks/results/collectives.json")
     args = parser.parse_args()
+    if args.quick:
+        args.numel, args.repetitions = [1_000_000], 1
 
     torch.set_num_threads(1)
-    gradzip.init_process_group("gradzip")
+    gradzip.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    groups = {
-        "gloo": dist.new_group(backend="gloo"),
-        "gradzip": dist.group.WORLD,
-        "gradzip (validate=False)": dist.new_group(backend="gradzip", pg_options=gradzip.Options(validate=False)),
-    }
+    specs = [s for s in args.specs.split(";") if s]
+    groups = {"gloo": dist.new_group(backend="gloo")}
+    for spec in specs:
+        groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
+    network = os.environ.get("GRADZIP_NETWORK", "loopback")
+
     rows = []
-    for nbytes in (QUICK_SIZES if args.quick else SIZES):
-        tensor = torch.ones(nbytes // 4)
+    for numel in args.numel:
+        gradient = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         samples = {name: [] for name in groups}
-        for rep in range(repetitions(nbytes, args.quick) + 1):
+        sent = {}
+        for rep in range(args.repetitions + 1):  # the first round warms up connections and caches
             for name, group in groups.items():
-                elapsed = time_call(lambda: dist.all_reduce(tensor, group=group), group)
+                if name != "gloo":
+                    gradzip.reset_stats(group)
+                tensor = gradient.clone()
+                elapsed = time_call(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group), group)
                 slowest = torch.tensor([elapsed], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=groups["gloo"])
-                if rep > 0:  # the first round warms up connections and caches
+                if rep > 0:
                     samples[name].append(slowest.item())
+                sent[name] = (2 * (world - 1) * numel * 4 // world if name == "gloo"
+                              else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
-        rows.append({"bytes": nbytes, "repetitions": len(samples["gloo"]),
-                     "median_s": medians,
-                     "ratio_to_gloo": {name: medians[name] / medians["gloo"] for name in groups}})
+        for name in groups:
+            rows.append({"method": name, "numel": numel, "median_s": medians[name], "bytes_sent": sent[name],
+                         "speedup_over_gloo": medians["gloo"] / medians[name],
+                         "fewer_bytes_than_gloo": sent["gloo"] / max(sent[name], 1)})
 
     if rank == 0:
-        names = list(groups)
-        header = f"{'size':>8} | " + " | ".join(f"{n:>24}" for n in names) + " | " + \
-            " | ".join(f"{n + ' / gloo':>34}" for n in names[1:])
-        print(f"all_reduce, {world} ranks, fp32, median of the slowest rank's time per call "
-              f"({platform.node()}, {os.cpu_count()} cores)")
+        print(f"all_reduce (AVG) of a {', '.join(f'{n / 1e6:g}M' for n in args.numel)} fp32 gradient, {world} ranks, "
+              f"{network}; median of {args.repetitions} (slowest rank per call); {platform.node()}, "
+              f"{os.cpu_count()} cores")
+        header = f"{'elements':>9} | {'method':<20} | {'time':>10} | {'sent per rank':>14} | {'speedup':>8} | " \
+                 f"{'fewer bytes':>11}"
         print(header)
         print("-" * len(header))
         for row in rows:
-            times = " | ".join(f"{row['median_s'][n] * 1e3:>21.3f} ms" for n in names)
-            ratios = " | ".join(f"{row['ratio_to_gloo'][n]:>34.3f}" for n in names[1:])
-            print(f"{human(row['bytes']):>8} | {times} | {ratios}")
+            print(f"{row['numel'] / 1e6:>8g}M | {row['method']:<20} | {row['median_s'] * 1e3:>7.1f} ms | "
+                  f"{row['bytes_sent'] / 1e6:>11.2f} MB | {row['speedup_over_gloo']:>7.2f}x | "
+                  f"{row['fewer_bytes_than_gloo']:>10.1f}x")
         out = Path(args.json)
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"world_size": world, "host": platform.node(), "cores": os.cpu_count(),
-                                   "torch": torch.__version__, "rows": rows}, indent=2))
+        out.write_text(json.dumps({"world_size": world, "network": network, "host": platform.node(),
+                                   "cores": os.cpu_count(), "torch": torch.__version__,
+                                   "repetitions": args.repetitions, "rows": rows}, indent=2))
         print(f"wrote {out}")
     dist.destroy_process_group()
 

@@ -1,0 +1,212 @@
+"""Time- and bytes-to-accuracy on Fashion-MNIST: gradzip against PyTorch's own comm hooks.
+
+    torchrun --standalone --nproc-per-node 4 benchmarks/train.py
+    mpirun -np 4 python benchmarks/train.py
+    sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/train.py
+    torchrun --standalone --nproc-per-node 8 benchmarks/train.py --methods decentralized
+
+Every method trains the same small CNN (examples/fashion_mnist.py) from the same seed, on
+the same shards, for the same epochs, one after the other in one launch:
+  none              DDP, dense all-reduce (no hook)
+  torch-fp16        DDP with PyTorch's fp16_compress_hook
+  torch-powersgd-R  DDP with PyTorch's powerSGD_hook, rank R (error feedback, warm start,
+                    compressing from iteration 2)
+  <gradzip spec>    DDP with gradzip.hooks (e.g. stc:density=0.01); or, for gossip and
+                    choco specs, no DDP: gradzip.Aggregation(spec)(model) after each step,
+                    and the accuracy is that of the ranks' averaged model
+Per epoch: test accuracy, training wall time (evaluation excluded), and bytes sent per
+rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
+gradzip group). Rank 0 shows a progress bar, prints a table, writes JSON and two plots
+(accuracy against bytes, accuracy against time).
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+from torch.nn.parallel import DistributedDataParallel as DDP
+from tqdm import tqdm
+
+import gradzip
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+from fashion_mnist import SmallCNN, evaluate, load  # noqa: E402
+
+METHODS = {
+    "hooks": ["none", "torch-fp16", "torch-powersgd-1", "torch-powersgd-4", "topk:density=0.01",
+              "stc:density=0.01", "sign", "qsgd:bits=4"],
+    "decentralized": ["none", "gossip:topology=exp", "gossip:topology=onepeer", "gossip:topology=ring",
+                      "choco:topology=exp,compress=sign,block=64,gamma=0.5",
+                      "choco:topology=exp,compress=topk,density=0.1,gamma=0.2"],
+    "quick": ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01", "gossip:topology=ring"],
+}
+
+
+class Method:
+    """One way to train: wraps the model and counts the bytes it sends."""
+
+    def __init__(self, name, group):
+        self.name = name
+        self.group = group
+        self.gossip = None
+        self.hook_state = None
+        if name.startswith(("gossip", "choco")):
+            self.gossip = gradzip.Aggregation(name, group=group)
+        elif name not in ("none", "torch-fp16") and not name.startswith("torch-powersgd-"):
+            self.hook_state = gradzip.hooks.State(name, process_group=group)
+
+    def wrap(self, model):
+        if self.gossip is not None:
+            return model
+        ddp = DDP(model, process_group=self.group)
+        if self.name == "torch-fp16":
+            ddp.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
+        elif self.name.startswith("torch-powersgd-"):
+            state = powerSGD_hook.PowerSGDState(process_group=self.group,
+                                                matrix_approximation_rank=int(self.name.rsplit("-", 1)[1]),
+                                                start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        elif self.hook_state is not None:
+            ddp.register_comm_hook(self.hook_state, gradzip.hooks.hook)
+        return ddp
+
+    def after_step(self, model):
+        if self.gossip is not None:
+            self.gossip(model)
+
+    def bytes_sent(self):
+        if self.gossip is not None:
+            return self.gossip.stats()["bytes_sent"]
+        if self.hook_state is not None:
+            return self.hook_state.stats()["bytes_sent"]
+        return gradzip.stats(self.group)["bytes_sent"]
+
+
+def averaged(model, world):
+    """The average of every rank's replica, for evaluating decentralized training."""
+    average = SmallCNN()
+    average.load_state_dict(model.state_dict())
+    for p in average.parameters():
+        dist.all_reduce(p.data, op=dist.ReduceOp.AVG)
+    return average
+
+
+def train(name, args, data, rank, world, group):
+    train_x, train_y, test_x, test_y = data
+    torch.manual_seed(args.seed)
+    method = Method(name, group)
+    base = SmallCNN()
+    model = method.wrap(base)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    epochs, elapsed = [], 0.0
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        shard = order[rank::world]
+        steps = min(len(shard) // args.batch_size, args.max_steps or len(shard))
+        dist.barrier()
+        start = time.perf_counter()
+        for step in tqdm(range(steps), desc=f"{name} {epoch}/{args.epochs}", disable=rank != 0, leave=False,
+                         mininterval=1.0, ncols=100):
+            batch = shard[step * args.batch_size:(step + 1) * args.batch_size]
+            loss = F.cross_entropy(model(train_x[batch]), train_y[batch])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            method.after_step(base)
+        seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
+        elapsed += seconds.item()
+        sent = torch.tensor([method.bytes_sent()], dtype=torch.int64)
+        dist.all_reduce(sent, op=dist.ReduceOp.MAX)
+        scored = averaged(base, world) if method.gossip is not None else base
+        accuracy = evaluate(scored, test_x, test_y, rank, world)
+        epochs.append({"epoch": epoch, "accuracy": accuracy, "seconds": elapsed, "bytes_sent": sent.item()})
+        if rank == 0:
+            print(f"  {name:<52} epoch {epoch}: accuracy {accuracy:.2%}  time {elapsed:7.1f} s  "
+                  f"sent per rank {sent.item() / 1e6:9.2f} MB", flush=True)
+    return epochs
+
+
+def plot(results, path, title):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5))
+    for name, epochs in results.items():
+        accuracy = [100 * e["accuracy"] for e in epochs]
+        axes[0].plot([max(e["bytes_sent"], 1) / 1e6 for e in epochs], accuracy, marker="o", label=name)
+        axes[1].plot([e["seconds"] for e in epochs], accuracy, marker="o", label=name)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("MB sent per rank (log)")
+    axes[1].set_xlabel("training time (s)")
+    for ax in axes:
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--methods", default="hooks",
+                        help="'hooks', 'decentralized', or methods separated by ';' (default: hooks)")
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--batch-size", type=int, default=64, help="per rank")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short")
+    parser.add_argument("--quick", action="store_true", help="5 methods, 1 epoch of 5 steps (seconds)")
+    parser.add_argument("--out", default="benchmarks/results/train", help="prefix of the .json and .png written")
+    args = parser.parse_args()
+    if args.quick:
+        args.methods, args.epochs, args.max_steps = "quick", 1, 5
+    methods = METHODS.get(args.methods) or [m for m in args.methods.split(";") if m]
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    gradzip.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
+    network = os.environ.get("GRADZIP_NETWORK", "loopback")
+    data = (*load("train"), *load("test"))
+    if rank == 0:
+        print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
+              flush=True)
+    results = {}
+    for name in methods:
+        gradzip.reset_stats(group)
+        results[name] = train(name, args, data, rank, world, group)
+
+    if rank == 0:
+        dense = results.get("none", [{}])[-1].get("bytes_sent")
+        header = f"{'method':<52} | {'accuracy':>8} | {'time':>8} | {'sent per rank':>13} | {'fewer bytes':>11}"
+        print(f"\nfinal epoch ({args.epochs}); {platform.node()}, {os.cpu_count()} cores, {network}")
+        print(header)
+        print("-" * len(header))
+        for name, epochs in results.items():
+            last = epochs[-1]
+            fewer = f"{dense / max(last['bytes_sent'], 1):10.1f}x" if dense else "-"
+            print(f"{name:<52} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
+                  f"{last['bytes_sent'] / 1e6:>10.2f} MB | {fewer:>11}")
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"world_size": world, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
+                "cores": os.cpu_count(), "torch": torch.__version__}
+        out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
+        plot(results, out.with_suffix(".png"),
+             f"Fashion-MNIST, {world} ranks, {network}, {platform.node()} ({os.cpu_count()} cores)")
+        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
