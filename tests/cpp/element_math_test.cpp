@@ -89,6 +89,54 @@ TEST(ElementMathTest, QsgdLevelIsUnbiasedAndBounded) {
   EXPECT_EQ(qsgd_level(std::nanf(""), 7, 0.5f), 0u);
 }
 
+
+TEST(ElementMathTest, QsgdCodeIsLevelAndSign) {
+  const uint32_t sign_bit = 1u << 3;
+  EXPECT_EQ(qsgd_code(0.5f, 1.0f, 7, sign_bit, 0u), 4u);                       // 3.5 rounds up with u = 0
+  EXPECT_EQ(qsgd_code(-0.5f, 1.0f, 7, sign_bit, 0xffffffffu), 3u | sign_bit);  // and down with u near 1
+  EXPECT_EQ(qsgd_code(-0.0f, 0.0f, 7, sign_bit, 0u), sign_bit);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < 10000; ++i) {
+    const float v = normal(rng);
+    const uint32_t random = rng();
+    const uint32_t code = qsgd_code(v, 0.25f, 127, 1u << 7, random);
+    ASSERT_EQ(code & 127u, qsgd_level(std::fabs(v) * 0.25f, 127, uniform01(random)));
+    ASSERT_EQ(code >> 7, v < 0.0f ? 1u : 0u);
+  }
+}
+
+TEST(ElementMathTest, QsgdCountersStartAtBucketQuads) {
+  EXPECT_EQ(qsgd_philox_counter(0, 0), 0u);
+  EXPECT_EQ(qsgd_philox_counter(7, 0), 4u);
+  EXPECT_EQ(qsgd_philox_counter(10, 10), 10u);  // a bucket of 10 starts its own quads
+  EXPECT_EQ(qsgd_philox_counter(13, 10), 10u);
+  EXPECT_EQ(qsgd_philox_counter(14, 10), 14u);
+}
+
+TEST(ElementMathTest, RadixDigitsRebuildTheKey) {
+  std::mt19937 rng(13);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t key = rng() & 0x7fffffffu;
+    uint32_t rebuilt = 0;
+    for (int pass = 0; pass < kRadixPasses; ++pass) {
+      const uint32_t digit = radix_digit(key, pass);
+      ASSERT_LT(digit, radix_buckets(pass));
+      ASSERT_EQ(rebuilt, key & radix_decided_mask(pass));
+      rebuilt |= digit << radix_shift(pass);
+    }
+    ASSERT_EQ(rebuilt, key);
+    ASSERT_EQ(radix_decided_mask(kRadixPasses), 0x7fffffffu);
+  }
+}
+
+TEST(ElementMathTest, GolombRiceBitsCountTheCode) {
+  EXPECT_EQ(golomb_rice_bits(0, 0), 1u);
+  EXPECT_EQ(golomb_rice_bits(5, 0), 6u);
+  EXPECT_EQ(golomb_rice_bits(5, 2), 1u + 1u + 2u);
+  EXPECT_EQ(golomb_rice_bits(uint64_t{1} << 40, 40), 1u + 1u + 40u);
+}
+
 }  // namespace
 }  // namespace gradzip::math
 
