@@ -66,9 +66,9 @@ def test_a_corrupt_payload_is_refused():
 
 
 def allreduce_on(rank, world, spec, device, steps):
-    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
     if device == "cuda":
         torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
     results = []
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
