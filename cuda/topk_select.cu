@@ -28,18 +28,24 @@ struct RadixState {
   int32_t done;        // every key >= prefix is taken: the later passes do nothing
   int32_t cut_ties;    // more keys equal the threshold than are needed: find tie_cutoff
   int64_t tie_cutoff;  // the index of the last tie taken (INT64_MAX: all)
+  int32_t use_candidates;           // pass 1 collects the indices that match, pass 2 reads only those
+  unsigned long long candidates;    // how many it collected
   unsigned long long approx_count;
 };
 
 // One digit's histogram over the keys that match the decided prefix; with kMakeU (first
-// pass with error feedback) also u = residual + x, written back, first.
+// pass with error feedback) also u = residual + x, written back, first. With `collect`
+// (pass 1), when the boundary bucket of pass 0 is small enough, also the indices that
+// match, so that pass 2 reads those instead of all of u (then this kernel, called for
+// pass 2 with skip_when_collected, does nothing).
 template <bool kMakeU>
 __global__ void __launch_bounds__(kThreads)
-    radix_histogram(const float* x, float* residual, int64_t n, int pass, const RadixState* state,
-                    unsigned long long* hist) {
+    radix_histogram(const float* x, float* residual, int64_t n, int pass, RadixState* state,
+                    unsigned long long* hist, int64_t* collect, bool skip_when_collected) {
   __shared__ unsigned counts[math::kRadixMaxBuckets];
   const uint32_t prefix = state->prefix, mask = state->mask;
-  if (state->done) return;  // uniform over the grid
+  if (state->done || (skip_when_collected && state->use_candidates)) return;  // uniform over the grid
+  const bool collecting = collect != nullptr && state->use_candidates;
   const int buckets = static_cast<int>(math::radix_buckets(pass));
   for (int b = threadIdx.x; b < buckets; b += blockDim.x) counts[b] = 0;
   __syncthreads();
@@ -60,11 +66,38 @@ __global__ void __launch_bounds__(kThreads)
     }
 #pragma unroll
     for (int j = 0; j < kUnroll; ++j) {
-      if (base + j * stride < n) {
+      const int64_t i = base + j * stride;
+      if (i < n) {
         const uint32_t key = math::magnitude_key(u[j]);
-        if ((key & mask) == prefix) atomicAdd(&counts[math::radix_digit(key, pass)], 1u);
+        if ((key & mask) == prefix) {
+          atomicAdd(&counts[math::radix_digit(key, pass)], 1u);
+          if (collecting) collect[atomicAdd(&state->candidates, 1ull)] = i;  // order-free: only counted
+        }
       }
     }
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < buckets; b += blockDim.x) {
+    if (counts[b]) atomicAdd(&hist[b], static_cast<unsigned long long>(counts[b]));
+  }
+}
+
+// Pass 2 over the indices pass 1 collected.
+__global__ void __launch_bounds__(kThreads)
+    candidate_histogram(const float* u, const int64_t* candidates, int pass, const RadixState* state,
+                        unsigned long long* hist) {
+  __shared__ unsigned counts[math::kRadixMaxBuckets];
+  if (state->done || !state->use_candidates) return;
+  const uint32_t prefix = state->prefix, mask = state->mask;
+  const unsigned long long count = state->candidates;
+  const int buckets = static_cast<int>(math::radix_buckets(pass));
+  for (int b = threadIdx.x; b < buckets; b += blockDim.x) counts[b] = 0;
+  __syncthreads();
+  const unsigned long long stride = static_cast<unsigned long long>(gridDim.x) * blockDim.x;
+  for (unsigned long long c = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x; c < count;
+       c += stride) {
+    const uint32_t key = math::magnitude_key(u[candidates[c]]);
+    if ((key & mask) == prefix) atomicAdd(&counts[math::radix_digit(key, pass)], 1u);
   }
   __syncthreads();
   for (int b = threadIdx.x; b < buckets; b += blockDim.x) {
@@ -75,7 +108,8 @@ __global__ void __launch_bounds__(kThreads)
 // One block: the bucket of this pass's histogram that holds the need-th largest key,
 // counting from the top. `exact` allows the early exit and asks for the tie cut.
 __global__ void __launch_bounds__(kThreads)
-    radix_boundary(const unsigned long long* hist, int pass, bool exact, RadixState* state) {
+    radix_boundary(const unsigned long long* hist, int pass, bool exact, long long candidate_capacity,
+                   RadixState* state) {
   using Scan = cub::BlockScan<unsigned long long, kThreads>;
   __shared__ typename Scan::TempStorage temp;
   constexpr int kPerThread = math::kRadixMaxBuckets / kThreads;
@@ -104,6 +138,7 @@ __global__ void __launch_bounds__(kThreads)
       state->done = (exact && whole_bucket) || last;
       state->cut_ties = exact && last && !whole_bucket;
       state->tie_cutoff = INT64_MAX;
+      if (pass == 0) state->use_candidates = exact && static_cast<long long>(items[j]) <= candidate_capacity;
     }
   }
 }
@@ -194,6 +229,8 @@ struct Scratch {
   RadixState* state;
   unsigned long long* hist;  // kRadixPasses × kRadixMaxBuckets
   unsigned* chunk_ties;
+  int64_t* candidates;
+  int64_t candidate_capacity;
   int64_t* selected;
   void* cub_temp;
   size_t cub_bytes;
@@ -211,6 +248,8 @@ struct Scratch {
     hist = reinterpret_cast<unsigned long long*>(
         take(sizeof(unsigned long long) * math::kRadixPasses * math::kRadixMaxBuckets));
     chunk_ties = reinterpret_cast<unsigned*>(take(sizeof(unsigned) * (tie_chunks(n) + 1)));
+    candidate_capacity = std::min<int64_t>(n, std::max<int64_t>(4096, n / 32));
+    candidates = reinterpret_cast<int64_t*>(take(sizeof(int64_t) * candidate_capacity));
     selected = reinterpret_cast<int64_t*>(take(sizeof(int64_t)));
     cub_bytes = 0;
     check(cub::DeviceSelect::If(nullptr, cub_bytes, thrust::counting_iterator<int64_t>(0), static_cast<int64_t*>(nullptr),
@@ -253,14 +292,21 @@ int64_t topk_prepare(const float* x, float* residual, int64_t n, int64_t k, bool
   const unsigned grid = grid_for(searched, kThreads * kUnroll);
   for (int pass = 0; pass < math::kRadixPasses; ++pass) {
     unsigned long long* hist = s.hist + pass * math::kRadixMaxBuckets;
+    int64_t* collect = pass == 1 && !approx ? s.candidates : nullptr;
     if (pass == 0 && residual && !approx) {
-      radix_histogram<true><<<grid, kThreads, 0, stream>>>(x, residual, n, pass, s.state, hist);
+      radix_histogram<true><<<grid, kThreads, 0, stream>>>(x, residual, n, pass, s.state, hist, nullptr, false);
     } else {
       if (pass == 0 && residual) make_u(residual, x, n, stream);
-      radix_histogram<false><<<grid, kThreads, 0, stream>>>(u + begin, nullptr, searched, pass, s.state, hist);
+      if (pass == 2 && !approx) {
+        candidate_histogram<<<grid_for(s.candidate_capacity, kThreads), kThreads, 0, stream>>>(u, s.candidates, pass,
+                                                                                              s.state, hist);
+        check_launch("candidate_histogram");
+      }
+      radix_histogram<false><<<grid, kThreads, 0, stream>>>(u + begin, nullptr, searched, pass, s.state, hist, collect,
+                                                            pass == 2 && !approx);
     }
     check_launch("radix_histogram");
-    radix_boundary<<<1, kThreads, 0, stream>>>(hist, pass, !approx, s.state);
+    radix_boundary<<<1, kThreads, 0, stream>>>(hist, pass, !approx, s.candidate_capacity, s.state);
     check_launch("radix_boundary");
   }
   if (!approx) {

@@ -4,7 +4,8 @@
 // Exact: radix select on the magnitude keys (sign-cleared float bits) in three digit
 // passes (11, 11, 9 bits); each pass histograms the keys that match the digits decided so
 // far, and the search stops early once the boundary bucket holds exactly the entries
-// still needed. Error feedback (u = x + residual, written back) is fused into the first
+// still needed. Pass 1 also collects the indices in pass 0's boundary bucket when they
+// are few (at most n/32), and pass 2 then reads only those. Error feedback (u = x + residual, written back) is fused into the first
 // pass. Ties at the threshold go to the lowest indices, as on the CPU. Approximate: the
 // threshold is the exact k·s/n-th largest key of the CPU's contiguous middle sample of
 // s elements; every entry at or above it is kept (the same set as the CPU's).
