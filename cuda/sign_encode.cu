@@ -1,6 +1,7 @@
 // sign payload on the GPU: block scales (eight threads per block in the CPU's lane
-// order, block_lanes.cuh), then the bits by warp ballots, 32 elements to a word, and
-// the residual update u − (±scale), as the CPU codec leaves it.
+// order, block_lanes.cuh), the bits by warp ballots, 32 elements to a word, and the
+// residual update u − (±scale), as the CPU codec leaves it. One pass when the block is a
+// multiple of 32 up to 1024 elements (the default 512); two otherwise.
 #include "codec/wire.h"
 #include "block_lanes.cuh"
 #include "cuda_check.h"
@@ -38,6 +39,43 @@ __global__ void __launch_bounds__(kThreads)
   if (valid && lane == 0) scales[b] = static_cast<float>(total / static_cast<double>(length));
 }
 
+// One pass for the usual blocks (a multiple of 32, at most kMaxFusedBlock): a warp per
+// block stages u in shared memory (making it from x + residual on the way), eight of its
+// threads sum the CPU's lanes, then the warp ballots the bits and updates the residual.
+constexpr int64_t kMaxFusedBlock = 1024;
+
+__global__ void __launch_bounds__(kThreads)
+    sign_fused(const float* x, float* residual, int64_t n, int64_t block, int64_t blocks, float* scales,
+               uint32_t* words) {
+  extern __shared__ float staged[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + warp;
+  if (b >= blocks) return;  // the whole warp
+  float* mine = staged + warp * block;
+  const int64_t begin = b * block;
+  const int64_t length = n - begin < block ? n - begin : block;
+  for (int64_t e = lane; e < length; e += 32) {
+    const float u = residual ? residual[begin + e] + x[begin + e] : x[begin + e];
+    mine[e] = u;
+  }
+  __syncwarp();
+  const float lane_value = lane_sum(mine, length, lane % kLanes, lane < kLanes, [](float v) { return fabsf(v); });
+  double total = 0.0;
+#pragma unroll
+  for (int l = 0; l < kLanes; ++l) total += static_cast<double>(__shfl_sync(0xffffffffu, lane_value, l));
+  const float scale = static_cast<float>(total / static_cast<double>(length));
+  if (lane == 0) scales[b] = scale;
+  for (int64_t first = 0; first < length; first += 32) {  // block % 32 == 0: words start with blocks
+    const int64_t e = first + lane;
+    const bool valid = e < length;
+    const float u = valid ? mine[e] : 0.0f;
+    const uint32_t bit = valid ? math::nonnegative_bit(u) : 0u;
+    const uint32_t word = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0) words[(begin + first) / 32] = word;
+    if (valid && residual) residual[begin + e] = u + (bit ? -scale : scale);
+  }
+}
+
 __global__ void __launch_bounds__(kThreads)
     sign_bits(const float* u, int64_t n, int64_t block, const float* scales, uint32_t* words, float* residual) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -69,6 +107,13 @@ void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint
   const int64_t blocks = block ? (n + block - 1) / block : 0;
   auto* scales = reinterpret_cast<float*>(payload + kFixedBytes);
   auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * blocks);
+  if (blocks && block % 32 == 0 && block <= kMaxFusedBlock) {
+    const size_t staged = sizeof(float) * static_cast<size_t>(block) * (kThreads / 32);
+    sign_fused<<<blocks_for(blocks, kThreads / 32), kThreads, staged, stream>>>(x, residual, n, block, blocks, scales,
+                                                                                 words);
+    check_launch("sign_fused");
+    return;
+  }
   if (blocks) {
     // With error feedback the scale pass makes u in the residual; without, it reads x.
     sign_scales<<<blocks_for(blocks * kLanes, kThreads), kThreads, 0, stream>>>(
