@@ -1,6 +1,6 @@
 // stc payload on the GPU. μ: one block of kStcMeanLanes threads sums |u| of the chosen
 // entries in the CPU's fixed lane order (math::kStcMeanLanes), in double. Positions:
-// per-entry Golomb-Rice code lengths, an inclusive scan (CUB) for their bit offsets,
+// per-entry Golomb-Rice code lengths, an exclusive scan (CUB) for their bit offsets,
 // then every entry ORs its code into 32-bit words (integer atomics: the order does not
 // matter); or the bitmap. Sign bits by warp ballots in entry order. The word buffers
 // are aligned scratch, copied to the payload's (unaligned) sections.
@@ -24,7 +24,7 @@ size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Scratch {
   uint64_t* code_bits;  // count
-  uint64_t* code_ends;  // count
+  uint64_t* code_starts;  // count
   uint32_t* positions;  // ceil(n/32) + 2 words: the bitmap, or the Golomb codes (used only when not longer)
   uint32_t* signs;      // ceil(count/32) words
   void* cub_temp;
@@ -40,11 +40,11 @@ struct Scratch {
       return p;
     };
     code_bits = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
-    code_ends = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
+    code_starts = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
     positions = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(n) / 32 + 2)));
     signs = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(count) / 32 + 1)));
     cub_bytes = 0;
-    check(cub::DeviceScan::InclusiveSum(nullptr, cub_bytes, code_bits, code_ends, count), "cub::DeviceScan (size)");
+    check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, code_bits, code_starts, count), "cub::DeviceScan (size)");
     cub_temp = take(cub_bytes);
     total = offset;
   }
@@ -88,11 +88,11 @@ __device__ __forceinline__ void or_bits(uint32_t* words, uint64_t position, uint
 }
 
 __global__ void __launch_bounds__(kThreads)
-    write_golomb_codes(const int64_t* indices, const uint64_t* ends, int64_t count, int b, uint32_t* words) {
+    write_golomb_codes(const int64_t* indices, const uint64_t* starts, int64_t count, int b, uint32_t* words) {
   const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (j >= count) return;
   const uint64_t gap = gap_before(indices, j);
-  uint64_t position = ends[j] - math::golomb_rice_bits(gap, b);
+  uint64_t position = starts[j];
   for (uint64_t ones = gap >> b; ones > 0;) {  // the unary quotient, a word at a time
     const int length = ones < 32 ? static_cast<int>(ones) : 32;
     or_bits(words, position, 0xffffffffu, length);
@@ -134,10 +134,13 @@ StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch
                                                                            s.code_bits);
     check_launch("golomb_code_bits");
     size_t bytes = s.cub_bytes;
-    check(cub::DeviceScan::InclusiveSum(s.cub_temp, bytes, s.code_bits, s.code_ends, count, stream), "cub::DeviceScan");
-    check(cudaMemcpyAsync(&plan.golomb_bits, s.code_ends + count - 1, 8, cudaMemcpyDeviceToHost, stream),
-          "reading the Golomb length");
+    check(cub::DeviceScan::ExclusiveSum(s.cub_temp, bytes, s.code_bits, s.code_starts, count, stream),
+          "cub::DeviceScan");
+    uint64_t last[2];  // the last code's start and length
+    check(cudaMemcpyAsync(&last[0], s.code_starts + count - 1, 8, cudaMemcpyDeviceToHost, stream), "reading the Golomb length");
+    check(cudaMemcpyAsync(&last[1], s.code_bits + count - 1, 8, cudaMemcpyDeviceToHost, stream), "reading the Golomb length");
     check(cudaStreamSynchronize(stream), "stc positions");
+    plan.golomb_bits = last[0] + last[1];
   }
   const uint64_t golomb_bytes = wire::bytes_for_bits(plan.golomb_bits);
   plan.bitmap = golomb_bytes > wire::bytes_for_bits(static_cast<uint64_t>(n));
@@ -169,7 +172,7 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
     mark_bitmap<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, s.positions);
     check_launch("mark_bitmap");
   } else {
-    write_golomb_codes<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, s.code_ends, count,
+    write_golomb_codes<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, s.code_starts, count,
                                                                              plan.golomb_parameter, s.positions);
     check_launch("write_golomb_codes");
   }

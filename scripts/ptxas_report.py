@@ -30,7 +30,9 @@ def entries(text):
 def short(demangled):
     name = demangled.replace("gradzip::cuda::(anonymous namespace)::", "").replace("gradzip::cuda::", "")
     name = re.sub(r"^void ", "", name)
-    return re.sub(r"\(.*$", "", name) if not name.startswith("cub::") else re.sub(r"<.*$", "", name)
+    if name.startswith("cub::"):  # cub::CUB_300001_SM_800_900::detail::scan::DeviceScanKernel<...> -> cub scan::DeviceScanKernel
+        return "cub " + re.sub(r"<.*$", "", re.sub(r"^cub::CUB_\w+::(detail::)?", "", name))
+    return re.sub(r"\(.*$", "", name)
 
 
 def main():
@@ -44,7 +46,7 @@ def main():
             continue
         seen.add(key)
         table.append(key)
-    table.sort(key=lambda r: (r[0].startswith("cub::"), r[0], r[1]))
+    table.sort(key=lambda r: (r[0].startswith("cub "), r[0], r[1]))
     print(f"{'kernel':40s} {'arch':6s} {'regs':>4s} {'stack':>5s} {'spill st':>8s} {'spill ld':>8s} {'smem':>6s}")
     for name, arch, regs, stack, st, ld, smem in table:
         print(f"{name[:40]:40s} {arch:6s} {regs:4d} {stack:5d} {st:8d} {ld:8d} {smem:6d}")
