@@ -25,8 +25,9 @@ constexpr int kBadIndex = 1, kBadPositions = 2, kBadLevel = 4;
 void add_topk(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
               int* error, cudaStream_t stream);
 
-// Scratch for the STC decoders: k indices, and the bitmap's per-word ranks.
-size_t stc_decode_scratch_bytes(int64_t n, int64_t k);
+// Scratch for the STC decoders: k indices, the bitmap's per-word ranks, the Golomb
+// decoder's segment tables (sized for any parameter b <= 40).
+size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes);
 void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
              int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream);
 

@@ -142,7 +142,8 @@ void queue_decode(CodecId codec, const uint8_t* payload, const uint8_t* prefix, 
       if (coding == 1 && position_bytes != wire::bytes_for_bits(static_cast<uint64_t>(n))) {
         f.fail("the bitmap is not ceil(n/8) bytes");
       }
-      void* scratch = arena.allocate(stc_decode_scratch_bytes(n, static_cast<int64_t>(k)));
+      if (coding == 0 && k == 0 && position_bytes != 0) f.fail("position bytes left over");
+      void* scratch = arena.allocate(stc_decode_scratch_bytes(n, static_cast<int64_t>(k), position_bytes));
       return add_stc(payload + positions, position_bytes, coding == 1, b, payload + signs, static_cast<int64_t>(k), mu,
                      out, n, error, scratch, stream);
     }

@@ -149,6 +149,19 @@ GZ_HD uint32_t radix_decided_mask(int pass) {
 // Bits of one Golomb-Rice code: gap >> b one-bits, a zero-bit, b remainder bits.
 GZ_HD uint64_t golomb_rice_bits(uint64_t gap, int b) { return (gap >> b) + 1u + static_cast<uint64_t>(b); }
 
+// Golomb-Rice decoding as a state machine over single bits, so that segments of a stream
+// can be decoded in parallel from every possible entry state and chained afterwards.
+// State 0 reads the unary part (a one-bit stays, a zero-bit ends it); state r > 0 has r
+// remainder bits left. Returns the next state and sets `completed` when the bit ends a code.
+GZ_HD uint32_t rice_next_state(uint32_t state, uint32_t bit, int b, bool& completed) {
+  if (state == 0) {
+    completed = !bit && b == 0;
+    return bit ? 0u : static_cast<uint32_t>(b);
+  }
+  completed = state == 1;
+  return state - 1;
+}
+
 // STC's mean magnitude μ sums |u| of the k chosen entries in double, in kStcMeanLanes
 // lanes (entry j into lane j % kStcMeanLanes, each lane in entry order), then the lanes
 // in lane order: a fixed order that a GPU block of kStcMeanLanes threads follows too,

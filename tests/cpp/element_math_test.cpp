@@ -1,6 +1,7 @@
 // The element math shared with the CUDA kernels, against torch's own conversions and
 // the published Philox known answers.
 #include "element_math.cuh"
+#include "codec/bitpack.h"
 #include "codec/philox_block.h"
 
 #include <c10/util/BFloat16.h>
@@ -127,6 +128,34 @@ TEST(ElementMathTest, RadixDigitsRebuildTheKey) {
     }
     ASSERT_EQ(rebuilt, key);
     ASSERT_EQ(radix_decided_mask(kRadixPasses), 0x7fffffffu);
+  }
+}
+
+TEST(ElementMathTest, RiceStateMachineEndsCodesWhereTheyEnd) {
+  std::mt19937 rng(17);
+  for (int b : {0, 1, 3, 6, 13}) {
+    std::vector<uint8_t> stream;
+    bitpack::BitWriter bits(stream);
+    std::vector<uint64_t> ends;
+    uint64_t at = 0;
+    for (int j = 0; j < 2000; ++j) {
+      const uint64_t gap = rng() % (uint64_t{40} << b);
+      bits.put_ones(gap >> b);
+      bits.put(0, 1);
+      if (b) bits.put(gap & ((uint64_t{1} << b) - 1), b);
+      at += golomb_rice_bits(gap, b);
+      ends.push_back(at);
+    }
+    bits.flush();
+    std::vector<uint64_t> found;
+    uint32_t state = 0;
+    for (uint64_t p = 0; p < at; ++p) {
+      bool completed = false;
+      state = rice_next_state(state, (stream[p / 8] >> (p % 8)) & 1u, b, completed);
+      if (completed) found.push_back(p + 1);
+    }
+    EXPECT_EQ(found, ends) << "b = " << b;
+    EXPECT_EQ(state, 0u);
   }
 }
 
