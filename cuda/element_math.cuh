@@ -123,4 +123,49 @@ GZ_HD uint32_t qsgd_level(float ratio, uint32_t levels, float u) {
   return static_cast<uint32_t>(low + (u < scaled - static_cast<float>(low) ? 1 : 0));
 }
 
+// QSGD's code of one element: the level in the low bits, the sign (1 = negative) in
+// `sign_bit`. `inverse` is 1/‖bucket‖ (0 for a zero norm); |v| is taken from the bits.
+GZ_HD uint32_t qsgd_code(float v, float inverse, uint32_t levels, uint32_t sign_bit, uint32_t random) {
+  const float magnitude = bits_float(magnitude_key(v));
+  return qsgd_level(magnitude * inverse, levels, uniform01(random)) | ((nonnegative_bit(v) ^ 1u) * sign_bit);
+}
+
+// Philox counter of element i of the QSGD bucket starting at `bucket_begin`: one
+// philox4x32_10 call serves the four elements from bucket_begin + 4m, word (i − begin) % 4.
+GZ_HD uint64_t qsgd_philox_counter(uint64_t i, uint64_t bucket_begin) { return bucket_begin + ((i - bucket_begin) & ~uint64_t{3}); }
+
+// Exact top-k selects by radix on the magnitude keys (< 2^31) in three digits, most
+// significant first: bits 30..20 (2048 buckets), 19..9 (2048), 8..0 (512).
+constexpr int kRadixPasses = 3;
+constexpr uint32_t kRadixMaxBuckets = 2048;
+GZ_HD int radix_shift(int pass) { return pass == 0 ? 20 : pass == 1 ? 9 : 0; }
+GZ_HD uint32_t radix_buckets(int pass) { return pass == 2 ? 512u : 2048u; }
+GZ_HD uint32_t radix_digit(uint32_t key, int pass) { return (key >> radix_shift(pass)) & (radix_buckets(pass) - 1u); }
+// The key bits decided by the passes before `pass` (pass = kRadixPasses: all of them).
+GZ_HD uint32_t radix_decided_mask(int pass) {
+  return pass == 0 ? 0u : (0x7fffffffu >> radix_shift(pass - 1)) << radix_shift(pass - 1);
+}
+
+// Bits of one Golomb-Rice code: gap >> b one-bits, a zero-bit, b remainder bits.
+GZ_HD uint64_t golomb_rice_bits(uint64_t gap, int b) { return (gap >> b) + 1u + static_cast<uint64_t>(b); }
+
+// Golomb-Rice decoding as a state machine over single bits, so that segments of a stream
+// can be decoded in parallel from every possible entry state and chained afterwards.
+// State 0 reads the unary part (a one-bit stays, a zero-bit ends it); state r > 0 has r
+// remainder bits left. Returns the next state and sets `completed` when the bit ends a code.
+GZ_HD uint32_t rice_next_state(uint32_t state, uint32_t bit, int b, bool& completed) {
+  if (state == 0) {
+    completed = !bit && b == 0;
+    return bit ? 0u : static_cast<uint32_t>(b);
+  }
+  completed = state == 1;
+  return state - 1;
+}
+
+// STC's mean magnitude μ sums |u| of the k chosen entries in double, in kStcMeanLanes
+// lanes (entry j into lane j % kStcMeanLanes, each lane in entry order), then the lanes
+// in lane order: a fixed order that a GPU block of kStcMeanLanes threads follows too,
+// so CPU and GPU write the same μ.
+constexpr int kStcMeanLanes = 1024;
+
 }  // namespace gradzip::math

@@ -22,6 +22,20 @@ class CodecBase : public Codec {
                              std::vector<uint8_t>& out) const = 0;
 };
 
+// A codec's parameters as its spec sets them (defaults filled in, values checked):
+// what make_codec() builds from, and what a GPU encoder is given.
+struct CodecParameters {
+  CodecId id = CodecId::kIdentity;
+  double density = 0.0;   // topk, randomk, stc
+  bool approx = false;    // topk, stc: threshold from a sample
+  bool unbiased = false;  // randomk
+  int64_t block = 0;      // sign: elements per scale (0 = plain signs)
+  int levels = 0;         // qsgd
+  int64_t bucket = 0;     // qsgd
+  bool max_norm = false;  // qsgd
+};
+CodecParameters codec_parameters(const Spec& spec);
+
 // The codec factories, one per file.
 std::unique_ptr<Codec> make_identity_codec();
 std::unique_ptr<Codec> make_fp16_codec();
@@ -31,6 +45,10 @@ std::unique_ptr<Codec> make_randomk_codec(double density, bool unbiased);
 std::unique_ptr<Codec> make_stc_codec(double density, bool approx);
 std::unique_ptr<Codec> make_sign_codec(int64_t block);
 std::unique_ptr<Codec> make_qsgd_codec(int levels, int64_t bucket, bool max_norm);
+
+// STC's Golomb-Rice parameter for k positions among n (0 when k = 0 or k = n).
+constexpr int kMaxGolombParameter = 40;
+int stc_golomb_parameter(int64_t k, int64_t n);
 
 // k = ceil(density × n), clamped to [0, n].
 int64_t count_for_density(double density, int64_t n);

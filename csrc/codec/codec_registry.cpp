@@ -42,22 +42,31 @@ const std::vector<CodecKind>& codec_kinds() {
   return kinds;
 }
 
-std::unique_ptr<Codec> make_codec(const Spec& spec) {
-  if (spec.name == "identity") return make_identity_codec();
-  if (spec.name == "fp16") return make_fp16_codec();
-  if (spec.name == "bf16") return make_bf16_codec();
-  if (spec.name == "topk") return make_topk_codec(density(spec), spec.get_bool("approx", false));
-  if (spec.name == "randomk") return make_randomk_codec(density(spec), spec.get_bool("unbiased", true));
-  if (spec.name == "stc") return make_stc_codec(density(spec), spec.get_bool("approx", false));
-  if (spec.name == "sign") {
+CodecParameters codec_parameters(const Spec& spec) {
+  CodecParameters p;
+  if (spec.name == "identity") {
+    p.id = CodecId::kIdentity;
+  } else if (spec.name == "fp16") {
+    p.id = CodecId::kFp16;
+  } else if (spec.name == "bf16") {
+    p.id = CodecId::kBf16;
+  } else if (spec.name == "topk" || spec.name == "stc") {
+    p.id = spec.name == "topk" ? CodecId::kTopK : CodecId::kStc;
+    p.density = density(spec);
+    p.approx = spec.get_bool("approx", false);
+  } else if (spec.name == "randomk") {
+    p.id = CodecId::kRandomK;
+    p.density = density(spec);
+    p.unbiased = spec.get_bool("unbiased", true);
+  } else if (spec.name == "sign") {
     const std::string vote = spec.get_string("vote", "mean");
     if (vote != "mean" && vote != "majority") bad(spec, "vote must be 'mean' or 'majority', got '" + vote + "'");
     const int64_t block = spec.get_int("block", vote == "majority" ? 0 : 512);
     if (block < 0 || block > (int64_t{1} << 30)) bad(spec, "block must be in [0, 2^30]");
     if (vote == "majority" && block != 0) bad(spec, "vote=majority sends plain signs: block must be 0");
-    return make_sign_codec(block);
-  }
-  if (spec.name == "qsgd") {
+    p.id = CodecId::kSign;
+    p.block = block;
+  } else if (spec.name == "qsgd") {
     if (spec.has("bits") && spec.has("levels")) bad(spec, "give bits or levels, not both");
     int levels = 7;
     if (spec.has("bits")) {
@@ -73,9 +82,29 @@ std::unique_ptr<Codec> make_codec(const Spec& spec) {
     if (bucket < 1 || bucket > (int64_t{1} << 30)) bad(spec, "bucket must be in [1, 2^30]");
     const std::string norm = spec.get_string("norm", "l2");
     if (norm != "l2" && norm != "max") bad(spec, "norm must be 'l2' or 'max', got '" + norm + "'");
-    return make_qsgd_codec(levels, bucket, norm == "max");
+    p.id = CodecId::kQsgd;
+    p.levels = levels;
+    p.bucket = bucket;
+    p.max_norm = norm == "max";
+  } else {
+    throw SpecError("gradzip: unknown codec '" + spec.name + "' in spec '" + spec.str() + "'; valid codecs: " + names());
   }
-  throw SpecError("gradzip: unknown codec '" + spec.name + "' in spec '" + spec.str() + "'; valid codecs: " + names());
+  return p;
+}
+
+std::unique_ptr<Codec> make_codec(const Spec& spec) {
+  const CodecParameters p = codec_parameters(spec);
+  switch (p.id) {
+    case CodecId::kIdentity: return make_identity_codec();
+    case CodecId::kFp16: return make_fp16_codec();
+    case CodecId::kBf16: return make_bf16_codec();
+    case CodecId::kTopK: return make_topk_codec(p.density, p.approx);
+    case CodecId::kRandomK: return make_randomk_codec(p.density, p.unbiased);
+    case CodecId::kStc: return make_stc_codec(p.density, p.approx);
+    case CodecId::kSign: return make_sign_codec(p.block);
+    case CodecId::kQsgd: return make_qsgd_codec(p.levels, p.bucket, p.max_norm);
+  }
+  throw SpecError("gradzip: unknown codec '" + spec.name + "'");
 }
 
 std::unique_ptr<Codec> codec_for_payload(const uint8_t* data, size_t size) {

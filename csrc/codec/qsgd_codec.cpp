@@ -129,10 +129,7 @@ class QsgdCodec final : public CodecBase {
   // The codes of kCount elements: level in the low bits, sign (1 = negative) on top.
   template <int kCount>
   void quantize(const float* v, float inverse, const uint32_t* random, uint32_t sign_bit, uint32_t* codes) const {
-    for (int j = 0; j < kCount; ++j) {
-      const uint32_t level = math::qsgd_level(std::fabs(v[j]) * inverse, levels_, math::uniform01(random[j]));
-      codes[j] = level | ((math::nonnegative_bit(v[j]) ^ 1u) * sign_bit);
-    }
+    for (int j = 0; j < kCount; ++j) codes[j] = math::qsgd_code(v[j], inverse, levels_, sign_bit, random[j]);
   }
 
   // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight float lanes (a fixed

@@ -16,16 +16,19 @@ namespace gradzip {
 namespace {
 
 constexpr uint8_t kGolomb = 0, kBitmap = 1;
-constexpr int kMaxGolombParameter = 40;
+
+}  // namespace
 
 // b* = 1 + floor(log2(ln(φ − 1) / ln(1 − p))) for the density p = k/n.
-int golomb_parameter(int64_t k, int64_t n) {
+int stc_golomb_parameter(int64_t k, int64_t n) {
   const double p = static_cast<double>(k) / static_cast<double>(n);
   if (p >= 1.0 || k == 0) return 0;
   const double phi = (1.0 + std::sqrt(5.0)) / 2.0;
   const double b = 1.0 + std::floor(std::log2(std::log(phi - 1.0) / std::log1p(-p)));
   return b < 0 ? 0 : b > kMaxGolombParameter ? kMaxGolombParameter : static_cast<int>(b);
 }
+
+namespace {
 
 class StcCodec final : public SelectionCodec {
  public:
@@ -79,11 +82,13 @@ class StcCodec final : public SelectionCodec {
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
     const int64_t k = static_cast<int64_t>(chosen.size());
+    std::vector<double> lanes(math::kStcMeanLanes, 0.0);  // the order the GPU encoder follows too
+    for (int64_t j = 0; j < k; ++j) lanes[j % math::kStcMeanLanes] += std::fabs(static_cast<double>(u[chosen[j]]));
     double magnitude_sum = 0.0;
-    for (int64_t i : chosen) magnitude_sum += std::fabs(static_cast<double>(u[i]));
+    for (double lane : lanes) magnitude_sum += lane;
     const float mu = k ? static_cast<float>(magnitude_sum / static_cast<double>(k)) : 0.0f;
 
-    const int b = golomb_parameter(k, n);
+    const int b = stc_golomb_parameter(k, n);
     std::vector<uint8_t> golomb;
     bitpack::BitWriter bits(golomb);
     int64_t previous = -1;

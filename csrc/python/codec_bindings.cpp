@@ -3,6 +3,10 @@
 
 #include "gradzip/codec.h"
 #include "python/bindings.h"
+#ifdef GRADZIP_WITH_CUDA
+#include "aggregate/device_codec_glue.h"
+#include "device_codec.h"
+#endif
 
 namespace py = pybind11;
 
@@ -51,6 +55,40 @@ void bind_codec(py::module_& m) {
         return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel);
       },
       py::arg("data"));
+#ifdef GRADZIP_WITH_CUDA
+  // The GPU codecs, for tests and benchmarks: the same bytes as encode()/decode_add().
+  m.def(
+      "cuda_encode",
+      [](const at::Tensor& x, const std::string& spec, std::optional<at::Tensor> residual, uint64_t seed,
+         uint64_t step, uint32_t rank) {
+        const CodecParameters codec = codec_parameters(parse_spec(spec));
+        TORCH_CHECK(cuda::has_device_codec(codec.id), "gradzip: codec '", spec, "' has no GPU kernels");
+        return encode_on_device(codec, x, residual ? *residual : at::Tensor(), {seed, step, rank});
+      },
+      py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
+      "Encodes a float32 CUDA tensor on its GPU; returns the payload as a uint8 CUDA tensor.");
+  m.def(
+      "cuda_decode_add",
+      [](const std::vector<at::Tensor>& payloads, at::Tensor& out, const std::string& spec) {
+        const CodecParameters codec = codec_parameters(parse_spec(spec));
+        TORCH_CHECK(cuda::has_device_codec(codec.id), "gradzip: codec '", spec, "' has no GPU kernels");
+        int64_t stride = 8;
+        for (const auto& p : payloads) stride = std::max<int64_t>(stride, (p.numel() + 7) / 8 * 8);
+        auto rows = at::zeros({static_cast<int64_t>(payloads.size()) * stride}, at::dtype(at::kByte).device(out.device()));
+        std::vector<size_t> sizes;
+        for (size_t r = 0; r < payloads.size(); ++r) {
+          rows.narrow(0, static_cast<int64_t>(r) * stride, payloads[r].numel()).copy_(payloads[r]);
+          sizes.push_back(static_cast<size_t>(payloads[r].numel()));
+        }
+        try {
+          decode_add_on_device(codec.id, rows, stride, sizes, out);
+        } catch (const cuda::RankPayloadError& e) {
+          throw PayloadError(std::string(e.what()) + " (payload " + std::to_string(e.rank()) + ")");
+        }
+      },
+      py::arg("payloads"), py::arg("out"), py::arg("spec"),
+      "Adds the payloads (uint8 CUDA tensors) into `out` on its GPU, in list order.");
+#endif
   m.def("codec_kinds", [] {
     std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> out;
     for (const auto& k : codec_kinds()) out.emplace_back(k.name, k.summary, k.keys);

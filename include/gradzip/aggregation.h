@@ -23,6 +23,9 @@ namespace gradzip {
 // What an aggregation keeps for one logical tensor between calls.
 struct TensorState {
   std::vector<float> residual;  // error feedback: what was not sent yet (empty when off)
+  // The residual of a CUDA tensor, kept on its device between calls (then `residual` is
+  // empty); state() and tensor_state() hand it out as `residual`, on the host.
+  at::Tensor device_residual;
   int64_t calls = 0;            // all-reduces of this tensor so far, exact ones included
   uint64_t step = 0;            // compressed encodes so far: seeds the codec's random draws
   // CHOCO gossip: the public copies x^ of this rank and of its neighbours, by rank.

@@ -1,6 +1,7 @@
 // The element math shared with the CUDA kernels, against torch's own conversions and
 // the published Philox known answers.
 #include "element_math.cuh"
+#include "codec/bitpack.h"
 #include "codec/philox_block.h"
 
 #include <c10/util/BFloat16.h>
@@ -87,6 +88,82 @@ TEST(ElementMathTest, QsgdLevelIsUnbiasedAndBounded) {
     EXPECT_NEAR(sum / draws, ratio * 7, 0.02) << ratio;
   }
   EXPECT_EQ(qsgd_level(std::nanf(""), 7, 0.5f), 0u);
+}
+
+
+TEST(ElementMathTest, QsgdCodeIsLevelAndSign) {
+  const uint32_t sign_bit = 1u << 3;
+  EXPECT_EQ(qsgd_code(0.5f, 1.0f, 7, sign_bit, 0u), 4u);                       // 3.5 rounds up with u = 0
+  EXPECT_EQ(qsgd_code(-0.5f, 1.0f, 7, sign_bit, 0xffffffffu), 3u | sign_bit);  // and down with u near 1
+  EXPECT_EQ(qsgd_code(-0.0f, 0.0f, 7, sign_bit, 0u), sign_bit);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int i = 0; i < 10000; ++i) {
+    const float v = normal(rng);
+    const uint32_t random = rng();
+    const uint32_t code = qsgd_code(v, 0.25f, 127, 1u << 7, random);
+    ASSERT_EQ(code & 127u, qsgd_level(std::fabs(v) * 0.25f, 127, uniform01(random)));
+    ASSERT_EQ(code >> 7, v < 0.0f ? 1u : 0u);
+  }
+}
+
+TEST(ElementMathTest, QsgdCountersStartAtBucketQuads) {
+  EXPECT_EQ(qsgd_philox_counter(0, 0), 0u);
+  EXPECT_EQ(qsgd_philox_counter(7, 0), 4u);
+  EXPECT_EQ(qsgd_philox_counter(10, 10), 10u);  // a bucket of 10 starts its own quads
+  EXPECT_EQ(qsgd_philox_counter(13, 10), 10u);
+  EXPECT_EQ(qsgd_philox_counter(14, 10), 14u);
+}
+
+TEST(ElementMathTest, RadixDigitsRebuildTheKey) {
+  std::mt19937 rng(13);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t key = rng() & 0x7fffffffu;
+    uint32_t rebuilt = 0;
+    for (int pass = 0; pass < kRadixPasses; ++pass) {
+      const uint32_t digit = radix_digit(key, pass);
+      ASSERT_LT(digit, radix_buckets(pass));
+      ASSERT_EQ(rebuilt, key & radix_decided_mask(pass));
+      rebuilt |= digit << radix_shift(pass);
+    }
+    ASSERT_EQ(rebuilt, key);
+    ASSERT_EQ(radix_decided_mask(kRadixPasses), 0x7fffffffu);
+  }
+}
+
+TEST(ElementMathTest, RiceStateMachineEndsCodesWhereTheyEnd) {
+  std::mt19937 rng(17);
+  for (int b : {0, 1, 3, 6, 13}) {
+    std::vector<uint8_t> stream;
+    bitpack::BitWriter bits(stream);
+    std::vector<uint64_t> ends;
+    uint64_t at = 0;
+    for (int j = 0; j < 2000; ++j) {
+      const uint64_t gap = rng() % (uint64_t{40} << b);
+      bits.put_ones(gap >> b);
+      bits.put(0, 1);
+      if (b) bits.put(gap & ((uint64_t{1} << b) - 1), b);
+      at += golomb_rice_bits(gap, b);
+      ends.push_back(at);
+    }
+    bits.flush();
+    std::vector<uint64_t> found;
+    uint32_t state = 0;
+    for (uint64_t p = 0; p < at; ++p) {
+      bool completed = false;
+      state = rice_next_state(state, (stream[p / 8] >> (p % 8)) & 1u, b, completed);
+      if (completed) found.push_back(p + 1);
+    }
+    EXPECT_EQ(found, ends) << "b = " << b;
+    EXPECT_EQ(state, 0u);
+  }
+}
+
+TEST(ElementMathTest, GolombRiceBitsCountTheCode) {
+  EXPECT_EQ(golomb_rice_bits(0, 0), 1u);
+  EXPECT_EQ(golomb_rice_bits(5, 0), 6u);
+  EXPECT_EQ(golomb_rice_bits(5, 2), 1u + 1u + 2u);
+  EXPECT_EQ(golomb_rice_bits(uint64_t{1} << 40, 40), 1u + 1u + 40u);
 }
 
 }  // namespace

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One command on a GPU machine: build gradzip with its CUDA kernels, run every test that
+# needs the GPU (a skip there is a failure), print ptxas's resource report, then
+# benchmark the kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/).
+#
+#   benchmarks/gpu.sh            # the full benchmark (1M, 10M, 100M elements)
+#   benchmarks/gpu.sh --quick    # smaller sizes
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+make deps
+PYTHON=${GRADZIP_VENV:-$PWD/.venv}/bin/python
+"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")'
+
+# The build, with the CUDA kernels required (configure fails without nvcc).
+rm -f build/.installed
+GRADZIP_CUDA=ON make build
+# Recompile the kernels verbosely to keep ptxas's report (registers, spills, smem).
+touch cuda/*.cu
+cmake --build build -v 2>&1 | tee build/ptxas.log >/dev/null
+"$PYTHON" scripts/ptxas_report.py build/ptxas.log
+
+ctest --test-dir build --output-on-failure
+skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | grep -c '^\[  SKIPPED \]' || true)
+[ "$skipped" = 0 ] || { echo "gpu.sh: GPU GoogleTests skipped on a GPU machine"; exit 1; }
+"$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log
+! grep -q "skipped" build/test_cuda.log || { echo "gpu.sh: GPU pytest cases skipped on a GPU machine"; exit 1; }
+
+"$PYTHON" benchmarks/cuda_kernels.py "$@"

@@ -1,0 +1,72 @@
+#include "aggregate/device_codec_glue.h"
+
+#include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAGuard.h>
+
+#include "device_codec.h"
+
+namespace gradzip {
+namespace {
+
+// Device memory from torch's caching allocator, held until the arena goes: the
+// allocator orders any reuse after the work already queued on the stream.
+class TorchArena final : public cuda::DeviceArena {
+ public:
+  explicit TorchArena(at::Device device) : device_(device) {}
+  void* allocate(size_t bytes) override {
+    held_.push_back(at::empty({static_cast<int64_t>(std::max<size_t>(bytes, 1))}, at::dtype(at::kByte).device(device_)));
+    return held_.back().data_ptr();
+  }
+  // The tensor that owns `data` (an allocation of this arena).
+  at::Tensor owner(const void* data) const {
+    for (const auto& t : held_) {
+      if (t.data_ptr() == data) return t;
+    }
+    TORCH_INTERNAL_ASSERT(false, "gradzip: memory not from this arena");
+  }
+
+ private:
+  at::Device device_;
+  std::vector<at::Tensor> held_;
+};
+
+void check_on_device(const at::Tensor& t, const at::Device& device, const char* what) {
+  TORCH_CHECK(t.device() == device && t.scalar_type() == at::kFloat && t.is_contiguous(), "gradzip: ", what,
+              " must be a contiguous float32 tensor on ", device, ", got ", t.scalar_type(), " on ", t.device());
+}
+
+}  // namespace
+
+at::Tensor encode_on_device(const CodecParameters& codec, const at::Tensor& x, const at::Tensor& residual,
+                            const EncodeContext& ctx) {
+  TORCH_CHECK(x.is_cuda(), "gradzip: the GPU encoder takes a CUDA tensor, got one on ", x.device());
+  check_on_device(x, x.device(), "the input");
+  if (residual.defined()) {
+    check_on_device(residual, x.device(), "the residual");
+    TORCH_CHECK(residual.numel() == x.numel(), "gradzip: the residual has ", residual.numel(),
+                " elements, the input ", x.numel());
+  }
+  const c10::cuda::CUDAGuard guard(x.device());
+  TorchArena arena(x.device());
+  const auto payload =
+      cuda::device_encode(codec, x.data_ptr<float>(), x.numel(), residual.defined() ? residual.data_ptr<float>() : nullptr,
+                          ctx, arena, c10::cuda::getCurrentCUDAStream(x.device().index()));
+  return arena.owner(payload.data).narrow(0, 0, static_cast<int64_t>(payload.size));
+}
+
+void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t stride, const std::vector<size_t>& sizes,
+                          at::Tensor& sum) {
+  TORCH_CHECK(sum.is_cuda(), "gradzip: the GPU decoder writes a CUDA tensor, got one on ", sum.device());
+  check_on_device(sum, sum.device(), "the sum");
+  TORCH_CHECK(gathered.device() == sum.device() && gathered.scalar_type() == at::kByte && gathered.is_contiguous(),
+              "gradzip: the payloads must be a contiguous uint8 tensor on ", sum.device());
+  TORCH_CHECK(stride % 8 == 0 && gathered.numel() >= stride * static_cast<int64_t>(sizes.size()),
+              "gradzip: the payload buffer is smaller than its rows");
+  for (size_t size : sizes) TORCH_CHECK(size <= static_cast<size_t>(stride), "gradzip: a payload is longer than its row");
+  const c10::cuda::CUDAGuard guard(sum.device());
+  TorchArena arena(sum.device());
+  cuda::device_decode_add(codec, gathered.data_ptr<uint8_t>(), static_cast<size_t>(stride), sizes,
+                          sum.data_ptr<float>(), sum.numel(), arena, c10::cuda::getCurrentCUDAStream(sum.device().index()));
+}
+
+}  // namespace gradzip

@@ -1,0 +1,26 @@
+// The GPU codecs (cuda/device_codec.h) on at::Tensor: torch's caching allocator for
+// their memory, the current CUDA stream for their work. Only in CUDA builds.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "codec/codec_base.h"
+
+namespace gradzip {
+
+// Encodes x (a contiguous float32 CUDA tensor) on its device, as make_codec()->encode()
+// would on the CPU; `residual` (undefined: no error feedback) is a float32 tensor of
+// x.numel() elements on the same device. Returns the payload: a uint8 CUDA tensor of
+// exactly its size, whose storage is rounded up to 8 bytes.
+at::Tensor encode_on_device(const CodecParameters& codec, const at::Tensor& x, const at::Tensor& residual,
+                            const EncodeContext& ctx);
+
+// Adds the payloads stored in `gathered` (uint8, CUDA) at offsets r·stride, sizes[r]
+// bytes each, into `sum` (float32, contiguous, same device), in order r = 0, 1, ...
+// Throws cuda::RankPayloadError naming the first invalid one.
+void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t stride, const std::vector<size_t>& sizes,
+                          at::Tensor& sum);
+
+}  // namespace gradzip

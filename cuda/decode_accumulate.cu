@@ -1,0 +1,382 @@
+// Decode-accumulate kernels (see decode_accumulate.h): one thread per element or per
+// entry, each element written by at most one thread per payload.
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+
+#include "codec/codec_base.h"
+#include "cuda_check.h"
+#include "decode_accumulate.h"
+#include "element_math.cuh"
+#include "payload_bytes.cuh"
+
+namespace gradzip::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+__global__ void __launch_bounds__(kThreads)
+    topk_add(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
+             int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
+  const uint64_t index = load_le(index_bytes + j * width, width);
+  const bool ascending = j == 0 || load_le(index_bytes + (j - 1) * width, width) < index;
+  if (index >= static_cast<uint64_t>(n) || !ascending) {
+    atomicOr(error, kBadIndex);
+    return;
+  }
+  out[index] += math::bits_float(static_cast<uint32_t>(load_le(value_bytes + 4 * j, 4)));
+}
+
+// Golomb-Rice positions in parallel. The stream is cut into segments of kSegmentBits;
+// each segment is run through math::rice_next_state from every entry state (0..b),
+// giving its exit state and how many codes end in it; groups of kGroupSegments compose
+// those tables, one thread chains the groups, each group's thread then its segments, so
+// every segment knows its true entry state and how many codes precede it. A second run
+// records where each code ends; a code's gap follows from its end, the previous code's
+// end and its remainder bits; an exclusive scan of gap + 1 gives the positions.
+constexpr int kSegmentBits = 512;
+constexpr int kGroupSegments = 64;
+constexpr uint64_t kNoEnd = ~uint64_t{0};
+
+__device__ __forceinline__ uint32_t bit_at(const uint8_t* data, uint64_t p) { return (data[p / 8] >> (p % 8)) & 1u; }
+
+// Runs bits [begin, end) from `state`; returns the exit state, counts the codes that
+// end, and with `ends` records code first + c's end for those below k.
+__device__ uint32_t run_segment(const uint8_t* data, uint64_t begin, uint64_t end, uint32_t state, int b,
+                                uint32_t& codes, uint64_t* ends, uint64_t first, int64_t k) {
+  codes = 0;
+  for (uint64_t p = begin; p < end; ++p) {
+    bool completed = false;
+    state = math::rice_next_state(state, bit_at(data, p), b, completed);
+    if (completed) {
+      if (ends && first + codes < static_cast<uint64_t>(k)) ends[first + codes] = p + 1;
+      ++codes;
+    }
+  }
+  return state;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rice_segment_tables(const uint8_t* data, uint64_t bits, int64_t segments, int states, int b, uint8_t* exits,
+                        uint32_t* codes) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t s = t / states;
+  if (s >= segments) return;
+  const uint64_t begin = static_cast<uint64_t>(s) * kSegmentBits;
+  const uint64_t end = begin + kSegmentBits < bits ? begin + kSegmentBits : bits;
+  uint32_t count = 0;
+  exits[t] = static_cast<uint8_t>(run_segment(data, begin, end, static_cast<uint32_t>(t % states), b, count, nullptr, 0, 0));
+  codes[t] = count;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rice_group_tables(int64_t segments, int64_t groups, int states, const uint8_t* exits, const uint32_t* codes,
+                      uint8_t* group_exits, uint64_t* group_codes) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t g = t / states;
+  if (g >= groups) return;
+  uint32_t state = static_cast<uint32_t>(t % states);
+  uint64_t count = 0;
+  for (int64_t s = g * kGroupSegments; s < segments && s < (g + 1) * kGroupSegments; ++s) {
+    count += codes[s * states + state];
+    state = exits[s * states + state];
+  }
+  group_exits[t] = static_cast<uint8_t>(state);
+  group_codes[t] = count;
+}
+
+__global__ void rice_group_entries(int64_t groups, int states, const uint8_t* group_exits, const uint64_t* group_codes,
+                                   uint8_t* group_entry, uint64_t* group_before) {
+  uint32_t state = 0;
+  uint64_t before = 0;
+  for (int64_t g = 0; g < groups; ++g) {
+    group_entry[g] = static_cast<uint8_t>(state);
+    group_before[g] = before;
+    before += group_codes[g * states + state];
+    state = group_exits[g * states + state];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rice_segment_entries(int64_t segments, int64_t groups, int states, const uint8_t* exits, const uint32_t* codes,
+                         const uint8_t* group_entry, const uint64_t* group_before, uint8_t* entry, uint64_t* before) {
+  const int64_t g = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= groups) return;
+  uint32_t state = group_entry[g];
+  uint64_t count = group_before[g];
+  for (int64_t s = g * kGroupSegments; s < segments && s < (g + 1) * kGroupSegments; ++s) {
+    entry[s] = static_cast<uint8_t>(state);
+    before[s] = count;
+    count += codes[s * states + state];
+    state = exits[s * states + state];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rice_code_ends(const uint8_t* data, uint64_t bits, int64_t segments, int b, const uint8_t* entry,
+                   const uint64_t* before, int64_t k, uint64_t* ends) {
+  const int64_t s = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (s >= segments) return;
+  const uint64_t begin = static_cast<uint64_t>(s) * kSegmentBits;
+  const uint64_t end = begin + kSegmentBits < bits ? begin + kSegmentBits : bits;
+  uint32_t count = 0;
+  run_segment(data, begin, end, entry[s], b, count, ends, before[s], k);
+}
+
+// Code j's gap + 1, with the CPU decoder's checks: k codes present, quotients <= n,
+// gaps inside the tensor, no bytes left over after the last code.
+__global__ void __launch_bounds__(kThreads)
+    rice_steps(const uint8_t* data, uint64_t bytes, int b, const uint64_t* ends, int64_t k, int64_t n, uint64_t* steps,
+               int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
+  steps[j] = 0;
+  const uint64_t end = ends[j];
+  const uint64_t start = j ? ends[j - 1] : 0;
+  if (end == kNoEnd || start == kNoEnd) {
+    atomicOr(error, kBadPositions);
+    return;
+  }
+  const uint64_t terminator = end - 1 - static_cast<uint64_t>(b);
+  const uint64_t quotient = terminator - start;
+  uint64_t remainder = 0;
+  for (int i = 0; i < b; ++i) remainder |= static_cast<uint64_t>(bit_at(data, terminator + 1 + i)) << i;
+  const uint64_t gap = (quotient << b) | remainder;
+  if (quotient > static_cast<uint64_t>(n) || gap >= static_cast<uint64_t>(n)) {
+    atomicOr(error, kBadPositions);
+    return;
+  }
+  steps[j] = gap + 1;
+  if (j == k - 1 && (end + 7) / 8 != bytes) atomicOr(error, kBadPositions);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    rice_indices(const uint64_t* steps, const uint64_t* before, int64_t k, int64_t n, int64_t* indices, int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
+  // Steps are at most n, so the first position past n comes before any sum could wrap around.
+  const uint64_t index = before[j] + steps[j] - 1;
+  if (steps[j] == 0 || index >= static_cast<uint64_t>(n)) {  // steps[j] = 0: rice_steps flagged it
+    atomicOr(error, kBadPositions);
+    indices[j] = -1;
+    return;
+  }
+  indices[j] = static_cast<int64_t>(index);
+}
+
+// Marks of the bitmap in word w (bits of elements 32w .. 32w + 31 below n).
+__device__ uint32_t bitmap_word(const uint8_t* bitmap, int64_t n, int64_t w) {
+  uint32_t word = 0;
+  for (int b = 0; b < 4; ++b) {
+    const int64_t byte = 4 * w + b;
+    if (byte * 8 < n) word |= static_cast<uint32_t>(bitmap[byte]) << (8 * b);
+  }
+  const int64_t valid = n - 32 * w;
+  return valid >= 32 ? word : word & ((1u << valid) - 1u);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bitmap_counts(const uint8_t* bitmap, int64_t n, int64_t words, uint64_t* counts) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w < words) counts[w] = __popc(bitmap_word(bitmap, n, w));
+}
+
+__global__ void check_bitmap_total(const uint64_t* counts, const uint64_t* before, int64_t words, int64_t k,
+                                   int* error) {
+  if (before[words - 1] + counts[words - 1] != static_cast<uint64_t>(k)) atomicOr(error, kBadPositions);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bitmap_indices(const uint8_t* bitmap, int64_t n, int64_t words, const uint64_t* before, int64_t k,
+                   const int* error, int64_t* indices) {
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (w >= words || *error) return;
+  uint32_t word = bitmap_word(bitmap, n, w);
+  uint64_t j = before[w];
+  while (word && j < static_cast<uint64_t>(k)) {
+    const int bit = __ffs(static_cast<int>(word)) - 1;
+    indices[j++] = 32 * w + bit;
+    word &= word - 1;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    stc_add(const int64_t* indices, const uint8_t* signs, int64_t k, float mu, float* out, int64_t n,
+            const int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k || *error) return;
+  const int64_t i = indices[j];
+  if (i < 0 || i >= n) return;  // unreachable for a payload that passed; kept as the bound of every write
+  out[i] += ((signs[j / 8] >> (j % 8)) & 1) ? mu : -mu;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sign_add(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float scale = block ? scales[i / block] : 1.0f;
+  out[i] += ((bits[i / 32] >> (i % 32)) & 1u) ? scale : -scale;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_add(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
+             int64_t n, int* error) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
+  const int offset = static_cast<int>(position % 32);
+  uint32_t code = codes[position / 32] >> offset;
+  if (offset + width > 32) code |= codes[position / 32 + 1] << (32 - offset);
+  code &= (1u << width) - 1u;
+  const uint32_t sign_bit = 1u << (width - 1);
+  const uint32_t level = code & (sign_bit - 1u);
+  if (level > levels) {
+    atomicOr(error, kBadLevel);
+    return;
+  }
+  const float unit = norms[i / bucket] / static_cast<float>(levels);
+  const float magnitude = unit * static_cast<float>(level);
+  out[i] += (code & sign_bit) ? -magnitude : magnitude;
+}
+
+struct StcScratch {
+  int64_t* indices;
+  uint64_t* counts;  // bitmap: marks per word
+  uint64_t* before;
+  uint8_t* exits;    // Golomb: per segment and entry state
+  uint32_t* codes;
+  uint8_t* group_exits;
+  uint64_t* group_codes;
+  uint8_t* group_entry;
+  uint64_t* group_before;
+  uint8_t* entry;
+  uint64_t* segment_before;
+  uint64_t* ends;   // k
+  uint64_t* steps;  // k
+  uint64_t* sums;   // k: steps before each code
+  void* cub_temp;
+  size_t cub_bytes;
+  size_t total;
+  int64_t segments, groups;
+
+  StcScratch(void* base, int64_t n, int64_t k, uint64_t position_bytes) {
+    auto* at = static_cast<char*>(base);
+    size_t offset = 0;
+    auto take = [&](size_t bytes) {
+      char* p = at ? at + offset : nullptr;
+      offset += align256(bytes);
+      return p;
+    };
+    const size_t words = static_cast<size_t>((n + 31) / 32);
+    const size_t states = kMaxGolombParameter + 1;
+    segments = static_cast<int64_t>((position_bytes * 8 + kSegmentBits - 1) / kSegmentBits);
+    groups = (segments + kGroupSegments - 1) / kGroupSegments;
+    const size_t kk = static_cast<size_t>(k), ss = static_cast<size_t>(segments), gg = static_cast<size_t>(groups);
+    indices = reinterpret_cast<int64_t*>(take(8 * kk));
+    counts = reinterpret_cast<uint64_t*>(take(8 * words));
+    before = reinterpret_cast<uint64_t*>(take(8 * words));
+    exits = reinterpret_cast<uint8_t*>(take(ss * states));
+    codes = reinterpret_cast<uint32_t*>(take(4 * ss * states));
+    group_exits = reinterpret_cast<uint8_t*>(take(gg * states));
+    group_codes = reinterpret_cast<uint64_t*>(take(8 * gg * states));
+    group_entry = reinterpret_cast<uint8_t*>(take(gg));
+    group_before = reinterpret_cast<uint64_t*>(take(8 * gg));
+    entry = reinterpret_cast<uint8_t*>(take(ss));
+    segment_before = reinterpret_cast<uint64_t*>(take(8 * ss));
+    ends = reinterpret_cast<uint64_t*>(take(8 * kk));
+    steps = reinterpret_cast<uint64_t*>(take(8 * kk));
+    sums = reinterpret_cast<uint64_t*>(take(8 * kk));
+    size_t bitmap_bytes = 0, golomb_bytes = 0;
+    check(cub::DeviceScan::ExclusiveSum(nullptr, bitmap_bytes, counts, before, static_cast<int64_t>(words)),
+          "cub::DeviceScan (size)");
+    check(cub::DeviceScan::ExclusiveSum(nullptr, golomb_bytes, steps, sums, k), "cub::DeviceScan (size)");
+    cub_bytes = std::max(bitmap_bytes, golomb_bytes);
+    cub_temp = take(cub_bytes);
+    total = offset;
+  }
+};
+
+void decode_golomb(const uint8_t* data, uint64_t bytes, int b, int64_t k, int64_t n, int* error, const StcScratch& s,
+                   cudaStream_t stream) {
+  const int states = b + 1;
+  const uint64_t bits = bytes * 8;
+  check(cudaMemsetAsync(s.ends, 0xff, 8 * static_cast<size_t>(k), stream), "clearing the code ends");
+  if (s.segments > 0) {
+    rice_segment_tables<<<blocks_for(s.segments * states, kThreads), kThreads, 0, stream>>>(data, bits, s.segments,
+                                                                                           states, b, s.exits, s.codes);
+    check_launch("rice_segment_tables");
+    rice_group_tables<<<blocks_for(s.groups * states, kThreads), kThreads, 0, stream>>>(
+        s.segments, s.groups, states, s.exits, s.codes, s.group_exits, s.group_codes);
+    check_launch("rice_group_tables");
+    rice_group_entries<<<1, 1, 0, stream>>>(s.groups, states, s.group_exits, s.group_codes, s.group_entry,
+                                            s.group_before);
+    check_launch("rice_group_entries");
+    rice_segment_entries<<<blocks_for(s.groups, kThreads), kThreads, 0, stream>>>(
+        s.segments, s.groups, states, s.exits, s.codes, s.group_entry, s.group_before, s.entry, s.segment_before);
+    check_launch("rice_segment_entries");
+    rice_code_ends<<<blocks_for(s.segments, kThreads), kThreads, 0, stream>>>(data, bits, s.segments, b, s.entry,
+                                                                              s.segment_before, k, s.ends);
+    check_launch("rice_code_ends");
+  }
+  rice_steps<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(data, bytes, b, s.ends, k, n, s.steps, error);
+  check_launch("rice_steps");
+  size_t temp = s.cub_bytes;
+  check(cub::DeviceScan::ExclusiveSum(s.cub_temp, temp, s.steps, s.sums, k, stream), "cub::DeviceScan");
+  rice_indices<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(s.steps, s.sums, k, n, s.indices, error);
+  check_launch("rice_indices");
+}
+
+}  // namespace
+
+void add_topk(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
+              int* error, cudaStream_t stream) {
+  if (k <= 0) return;
+  topk_add<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(index_bytes, value_bytes, k, width, out, n, error);
+  check_launch("topk_add");
+}
+
+size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes) {
+  return StcScratch(nullptr, n, k, position_bytes).total;
+}
+
+void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
+             int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream) {
+  const StcScratch s(scratch, n, k, position_bytes);
+  if (bitmap) {
+    const int64_t words = (n + 31) / 32;
+    if (words == 0) return;  // n = 0, so k = 0
+    bitmap_counts<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(positions, n, words, s.counts);
+    check_launch("bitmap_counts");
+    size_t bytes = s.cub_bytes;
+    check(cub::DeviceScan::ExclusiveSum(s.cub_temp, bytes, s.counts, s.before, words, stream), "cub::DeviceScan");
+    check_bitmap_total<<<1, 1, 0, stream>>>(s.counts, s.before, words, k, error);
+    check_launch("check_bitmap_total");
+    bitmap_indices<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(positions, n, words, s.before, k, error,
+                                                                         s.indices);
+    check_launch("bitmap_indices");
+  } else if (k > 0) {  // k = 0: the host checked that no position bytes are left over
+    decode_golomb(positions, position_bytes, golomb_parameter, k, n, error, s, stream);
+  }
+  if (k <= 0) return;
+  stc_add<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(s.indices, signs, k, mu, out, n, error);
+  check_launch("stc_add");
+}
+
+void add_sign(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  sign_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(scales, bits, block, out, n);
+  check_launch("sign_add");
+}
+
+void add_qsgd(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
+              int64_t n, int* error, cudaStream_t stream) {
+  if (n <= 0) return;
+  qsgd_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(norms, codes, width, levels, bucket, out, n, error);
+  check_launch("qsgd_add");
+}
+
+}  // namespace gradzip::cuda

@@ -1,0 +1,49 @@
+// GPU encoders that write, into device memory, the same payload bytes as the CPU codecs
+// (docs/wire-format.md) for the same input, residual and context. Device pointers
+// throughout; everything runs on `stream`. A payload buffer must be 4-byte aligned and
+// hold the payload's bytes rounded up to a multiple of 4 (the packers store whole words).
+// With a non-null residual, the encoders leave in it exactly what the CPU codec leaves:
+// u − what the payload decodes to.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace gradzip::cuda {
+
+// topk: `count` chosen indices (ascending, from topk_compact) of u; residual is u itself
+// (or null), and gets u − u at the chosen entries.
+size_t topk_payload_bytes(int64_t n, int64_t count);
+void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64_t count, float* residual,
+                        uint8_t* payload, cudaStream_t stream);
+
+// stc: first stc_plan() codes the positions' lengths and reads their total back (one
+// stream synchronization) to pick Golomb-Rice or the bitmap and size the payload; then
+// write_stc_payload(). Both use the same scratch of stc_scratch_bytes(n, count).
+struct StcPlan {
+  int golomb_parameter = 0;
+  uint64_t golomb_bits = 0;
+  bool bitmap = false;
+  size_t position_bytes = 0;
+  size_t payload_bytes = 0;
+};
+size_t stc_scratch_bytes(int64_t n, int64_t count);
+StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch, cudaStream_t stream);
+void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int64_t* indices, int64_t count,
+                       float* residual, uint8_t* payload, void* scratch, cudaStream_t stream);
+
+// sign: one bit per element by warp ballots, and with block > 0 a scale per block.
+size_t sign_payload_bytes(int64_t n, int64_t block);
+void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream);
+
+// qsgd: per-bucket norms, then levels drawn with Philox counted by (element, step, rank).
+size_t qsgd_payload_bytes(int64_t n, int levels, int64_t bucket);
+void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t bucket, bool max_norm,
+                 uint64_t seed, uint64_t step, uint32_t rank, uint8_t* payload, cudaStream_t stream);
+
+// Bits per QSGD code for s levels: enough for 0..s, plus the sign.
+int qsgd_code_width(int levels);
+
+}  // namespace gradzip::cuda

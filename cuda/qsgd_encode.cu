@@ -1,0 +1,223 @@
+// qsgd payload on the GPU: bucket norms (eight threads per bucket in the CPU's lane
+// order, block_lanes.cuh), then one thread per quad of a bucket draws its Philox4x32-10
+// block counted by (first element, step, rank), as the CPU does, quantizes four
+// elements and ORs their codes into packed words (integer atomics: order-free). One pass
+// (qsgd_fused) for buckets that are multiples of 32 up to 1024 (the default 512); two
+// otherwise.
+#include "codec/wire.h"
+#include "block_lanes.cuh"
+#include "cuda_check.h"
+#include "element_math.cuh"
+#include "encoders.h"
+#include "payload_bytes.cuh"
+
+namespace gradzip::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kFixedBytes = kPayloadHeaderBytes + 1 + 2 + 1 + 4;
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_norms(const float* u, int64_t n, int64_t bucket, int64_t buckets, bool max_norm, float* norms) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = t / kLanes;
+  const int lane = static_cast<int>(t % kLanes);
+  const bool valid = b < buckets;
+  const int64_t begin = valid ? b * bucket : 0;
+  const int64_t length = valid ? (n - begin < bucket ? n - begin : bucket) : 0;
+  const float* v = u + begin;
+  if (!max_norm) {
+    const float lane_value = lane_sum(v, length, lane, valid, [](float x) { return x * x; });
+    const double total = lanes_total(lane_value);
+    if (valid && lane == 0) norms[b] = static_cast<float>(sqrt(total));
+    return;
+  }
+  // max |v|, ignoring NaN as std::max does; but the first NaN (in index order) wins.
+  float largest = 0.0f;
+  int64_t first_nan = INT64_MAX;
+  for (int64_t i = lane; i < length; i += kLanes) {
+    const float magnitude = fabsf(v[i]);
+    largest = largest < magnitude ? magnitude : largest;
+    if (isnan(v[i]) && i < first_nan) first_nan = i;
+  }
+#pragma unroll
+  for (int step = 1; step < kLanes; step *= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, largest, step);
+    const long long other_nan = __shfl_xor_sync(0xffffffffu, static_cast<long long>(first_nan), step);
+    largest = largest < other ? other : largest;
+    first_nan = other_nan < first_nan ? other_nan : first_nan;
+  }
+  if (valid && lane == 0) norms[b] = first_nan != INT64_MAX ? v[first_nan] : largest;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_codes(const float* u, int64_t n, int64_t bucket, int64_t quads_per_bucket, int64_t quads, uint32_t levels,
+               int width, const float* norms, uint64_t seed, uint32_t step, uint32_t rank, uint32_t* words,
+               float* residual) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= quads) return;
+  const int64_t b = t / quads_per_bucket;
+  const int64_t begin = b * bucket;
+  const int64_t end = n - begin < bucket ? n : begin + bucket;
+  const int64_t first = static_cast<int64_t>(
+      math::qsgd_philox_counter(static_cast<uint64_t>(begin + 4 * (t % quads_per_bucket)), static_cast<uint64_t>(begin)));
+  if (first >= end) return;
+  const float norm = norms[b];
+  const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
+  const uint32_t sign_bit = 1u << (width - 1);
+  const uint64_t counter = static_cast<uint64_t>(first);
+  const math::Philox4 random =
+      math::philox4x32_10(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), step, rank,
+                          static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const float unit = -norm / static_cast<float>(levels);  // decode_add(−1)'s step, for the residual
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int64_t i = first + j;
+    if (i >= end) break;
+    const float v = u[i];
+    const uint32_t code = math::qsgd_code(v, inverse, levels, sign_bit, random.v[j]);
+    const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
+    const int offset = static_cast<int>(position % 32);
+    atomicOr(&words[position / 32], code << offset);
+    if (offset + width > 32) atomicOr(&words[position / 32 + 1], code >> (32 - offset));
+    if (residual) {
+      const float magnitude = unit * static_cast<float>(code & (sign_bit - 1));
+      residual[i] = v + ((code & sign_bit) ? -magnitude : magnitude);
+    }
+  }
+}
+
+// One pass for the usual buckets (a multiple of 32, at most kMaxFusedBucket): a warp per
+// bucket stages it in shared memory, takes its norm in the CPU's lane order, then packs
+// its codes into shared words (the bucket's bits start on a word: bucket·width % 32 = 0)
+// and stores them whole, with no global atomics.
+constexpr int64_t kMaxFusedBucket = 1024;
+
+__device__ __forceinline__ float max_norm_of(const float* v, int64_t length, int lane) {
+  float largest = 0.0f;
+  int64_t first_nan = INT64_MAX;
+  if (lane < kLanes) {
+    for (int64_t i = lane; i < length; i += kLanes) {
+      const float magnitude = fabsf(v[i]);
+      largest = largest < magnitude ? magnitude : largest;
+      if (isnan(v[i]) && i < first_nan) first_nan = i;
+    }
+  }
+#pragma unroll
+  for (int step = 1; step < kLanes; step *= 2) {
+    const float other = __shfl_xor_sync(0xffffffffu, largest, step);
+    const long long other_nan = __shfl_xor_sync(0xffffffffu, static_cast<long long>(first_nan), step);
+    largest = largest < other ? other : largest;
+    first_nan = other_nan < first_nan ? other_nan : first_nan;
+  }
+  const float norm = first_nan != INT64_MAX ? v[first_nan] : largest;
+  return __shfl_sync(0xffffffffu, norm, 0);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_fused(const float* u, int64_t n, int64_t bucket, int64_t buckets, bool max_norm, uint32_t levels, int width,
+               uint64_t seed, uint32_t step, uint32_t rank, float* norms, uint32_t* words, float* residual) {
+  extern __shared__ uint32_t staged[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + warp;
+  if (b >= buckets) return;  // the whole warp
+  const int64_t code_words = bucket * width / 32;
+  float* mine = reinterpret_cast<float*>(staged + warp * (bucket + code_words));
+  uint32_t* packed = staged + warp * (bucket + code_words) + bucket;
+  const int64_t begin = b * bucket;
+  const int64_t length = n - begin < bucket ? n - begin : bucket;
+  for (int64_t e = lane; e < length; e += 32) mine[e] = u[begin + e];
+  for (int64_t w = lane; w < code_words; w += 32) packed[w] = 0;
+  __syncwarp();
+  float norm;
+  if (max_norm) {
+    norm = max_norm_of(mine, length, lane);
+  } else {
+    const float lane_value = lane_sum(mine, length, lane % kLanes, lane < kLanes, [](float v) { return v * v; });
+    double total = 0.0;
+#pragma unroll
+    for (int l = 0; l < kLanes; ++l) total += static_cast<double>(__shfl_sync(0xffffffffu, lane_value, l));
+    norm = static_cast<float>(sqrt(total));
+  }
+  if (lane == 0) norms[b] = norm;
+  const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
+  const float unit = -norm / static_cast<float>(levels);
+  const uint32_t sign_bit = 1u << (width - 1);
+  for (int64_t quad = lane; 4 * quad < length; quad += 32) {
+    const uint64_t counter = static_cast<uint64_t>(begin + 4 * quad);
+    const math::Philox4 random =
+        math::philox4x32_10(static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), step, rank,
+                            static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t e = 4 * quad + j;
+      if (e >= length) break;
+      const float v = mine[e];
+      const uint32_t code = math::qsgd_code(v, inverse, levels, sign_bit, random.v[j]);
+      const int64_t position = e * width;
+      const int offset = static_cast<int>(position % 32);
+      atomicOr(&packed[position / 32], code << offset);
+      if (offset + width > 32) atomicOr(&packed[position / 32 + 1], code >> (32 - offset));
+      if (residual) {
+        const float magnitude = unit * static_cast<float>(code & (sign_bit - 1));
+        residual[begin + e] = v + ((code & sign_bit) ? -magnitude : magnitude);
+      }
+    }
+  }
+  __syncwarp();
+  const int64_t used_words = (length * width + 31) / 32;
+  for (int64_t w = lane; w < used_words; w += 32) words[begin * width / 32 + w] = packed[w];
+}
+
+}  // namespace
+
+int qsgd_code_width(int levels) {
+  int bits = 1;
+  while ((1 << bits) - 1 < levels) ++bits;
+  return bits + 1;
+}
+
+size_t qsgd_payload_bytes(int64_t n, int levels, int64_t bucket) {
+  const int64_t buckets = (n + bucket - 1) / bucket;
+  return kFixedBytes + 4 * static_cast<size_t>(buckets) +
+         wire::bytes_for_bits(static_cast<uint64_t>(n) * static_cast<uint64_t>(qsgd_code_width(levels)));
+}
+
+void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t bucket, bool max_norm,
+                 uint64_t seed, uint64_t step, uint32_t rank, uint8_t* payload, cudaStream_t stream) {
+  const int width = qsgd_code_width(levels);
+  std::vector<uint8_t> fields;
+  wire::Writer w(fields);
+  w.header(CodecId::kQsgd, static_cast<uint64_t>(n));
+  w.put<uint8_t>(static_cast<uint8_t>(width));
+  w.put<uint16_t>(static_cast<uint16_t>(levels));
+  w.put<uint8_t>(max_norm ? 1 : 0);
+  w.put<uint32_t>(static_cast<uint32_t>(bucket));
+  write_fixed_fields(payload, fields, stream);
+  if (n <= 0) return;
+  const int64_t buckets = (n + bucket - 1) / bucket;
+  auto* norms = reinterpret_cast<float*>(payload + kFixedBytes);
+  auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * buckets);
+  if (residual) make_u(residual, x, n, stream);
+  const float* u = residual ? residual : x;
+  if (bucket % 32 == 0 && bucket <= kMaxFusedBucket) {
+    const size_t staged = sizeof(uint32_t) * static_cast<size_t>(bucket + bucket * width / 32) * (kThreads / 32);
+    qsgd_fused<<<blocks_for(buckets, kThreads / 32), kThreads, staged, stream>>>(
+        u, n, bucket, buckets, max_norm, static_cast<uint32_t>(levels), width, seed, static_cast<uint32_t>(step), rank,
+        norms, words, residual);
+    check_launch("qsgd_fused");
+    return;
+  }
+  const size_t code_bytes = wire::bytes_for_bits(static_cast<uint64_t>(n) * width);
+  check(cudaMemsetAsync(words, 0, (code_bytes + 3) / 4 * 4, stream), "clearing the QSGD codes");
+  qsgd_norms<<<blocks_for(buckets * kLanes, kThreads), kThreads, 0, stream>>>(u, n, bucket, buckets, max_norm, norms);
+  check_launch("qsgd_norms");
+  const int64_t quads_per_bucket = (bucket + 3) / 4;
+  const int64_t quads = buckets * quads_per_bucket;
+  qsgd_codes<<<blocks_for(quads, kThreads), kThreads, 0, stream>>>(u, n, bucket, quads_per_bucket, quads,
+                                                                   static_cast<uint32_t>(levels), width, norms, seed,
+                                                                   static_cast<uint32_t>(step), rank, words, residual);
+  check_launch("qsgd_codes");
+}
+
+}  // namespace gradzip::cuda

@@ -1,0 +1,130 @@
+// sign payload on the GPU: block scales (eight threads per block in the CPU's lane
+// order, block_lanes.cuh), the bits by warp ballots, 32 elements to a word, and the
+// residual update u − (±scale), as the CPU codec leaves it. One pass when the block is a
+// multiple of 32 up to 1024 elements (the default 512); two otherwise.
+#include "codec/wire.h"
+#include "block_lanes.cuh"
+#include "cuda_check.h"
+#include "element_math.cuh"
+#include "encoders.h"
+#include "payload_bytes.cuh"
+
+namespace gradzip::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kFixedBytes = kPayloadHeaderBytes + 4;
+
+// One scale per block of `block` elements: ‖u_block‖₁ / length; with `x`, makes
+// u = residual + x in place first (the lanes own disjoint elements).
+__global__ void __launch_bounds__(kThreads)
+    sign_scales(const float* x, float* residual, int64_t n, int64_t block, int64_t blocks, float* scales) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t b = t / kLanes;
+  const int lane = static_cast<int>(t % kLanes);
+  const bool valid = b < blocks;
+  const int64_t begin = b * block;
+  const int64_t length = valid ? (n - begin < block ? n - begin : block) : 0;
+  if (valid && x) {
+    const int64_t full = length / kLanes * kLanes;
+    for (int64_t i = lane; i < full; i += kLanes) residual[begin + i] = residual[begin + i] + x[begin + i];
+    if (lane == 0) {
+      for (int64_t i = full; i < length; ++i) residual[begin + i] = residual[begin + i] + x[begin + i];
+    }
+  }
+  const float* u = residual;
+  const float lane_value =
+      lane_sum(u + (valid ? begin : 0), length, lane, valid, [](float v) { return fabsf(v); });
+  const double total = lanes_total(lane_value);
+  if (valid && lane == 0) scales[b] = static_cast<float>(total / static_cast<double>(length));
+}
+
+// One pass for the usual blocks (a multiple of 32, at most kMaxFusedBlock): a warp per
+// block stages u in shared memory (making it from x + residual on the way), eight of its
+// threads sum the CPU's lanes, then the warp ballots the bits and updates the residual.
+constexpr int64_t kMaxFusedBlock = 1024;
+
+__global__ void __launch_bounds__(kThreads)
+    sign_fused(const float* x, float* residual, int64_t n, int64_t block, int64_t blocks, float* scales,
+               uint32_t* words) {
+  extern __shared__ float staged[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t b = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + warp;
+  if (b >= blocks) return;  // the whole warp
+  float* mine = staged + warp * block;
+  const int64_t begin = b * block;
+  const int64_t length = n - begin < block ? n - begin : block;
+  for (int64_t e = lane; e < length; e += 32) {
+    const float u = residual ? residual[begin + e] + x[begin + e] : x[begin + e];
+    mine[e] = u;
+  }
+  __syncwarp();
+  const float lane_value = lane_sum(mine, length, lane % kLanes, lane < kLanes, [](float v) { return fabsf(v); });
+  double total = 0.0;
+#pragma unroll
+  for (int l = 0; l < kLanes; ++l) total += static_cast<double>(__shfl_sync(0xffffffffu, lane_value, l));
+  const float scale = static_cast<float>(total / static_cast<double>(length));
+  if (lane == 0) scales[b] = scale;
+  for (int64_t first = 0; first < length; first += 32) {  // block % 32 == 0: words start with blocks
+    const int64_t e = first + lane;
+    const bool valid = e < length;
+    const float u = valid ? mine[e] : 0.0f;
+    const uint32_t bit = valid ? math::nonnegative_bit(u) : 0u;
+    const uint32_t word = __ballot_sync(0xffffffffu, bit);
+    if (lane == 0) words[(begin + first) / 32] = word;
+    if (valid && residual) residual[begin + e] = u + (bit ? -scale : scale);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sign_bits(const float* u, int64_t n, int64_t block, const float* scales, uint32_t* words, float* residual) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool valid = i < n;
+  const float v = valid ? u[i] : 0.0f;
+  const uint32_t bit = valid ? math::nonnegative_bit(v) : 0u;
+  const uint32_t word = __ballot_sync(0xffffffffu, bit);
+  if (threadIdx.x % 32 == 0 && i < n) words[i / 32] = word;
+  if (valid && residual) {
+    const float scale = block ? scales[i / block] : 1.0f;
+    residual[i] = v + (bit ? -scale : scale);
+  }
+}
+
+}  // namespace
+
+size_t sign_payload_bytes(int64_t n, int64_t block) {
+  const int64_t blocks = block ? (n + block - 1) / block : 0;
+  return kFixedBytes + 4 * static_cast<size_t>(blocks) + wire::bytes_for_bits(static_cast<uint64_t>(n));
+}
+
+void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream) {
+  std::vector<uint8_t> fields;
+  wire::Writer w(fields);
+  w.header(CodecId::kSign, static_cast<uint64_t>(n));
+  w.put<uint32_t>(static_cast<uint32_t>(block));
+  write_fixed_fields(payload, fields, stream);
+  if (n <= 0) return;
+  const int64_t blocks = block ? (n + block - 1) / block : 0;
+  auto* scales = reinterpret_cast<float*>(payload + kFixedBytes);
+  auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * blocks);
+  if (blocks && block % 32 == 0 && block <= kMaxFusedBlock) {
+    const size_t staged = sizeof(float) * static_cast<size_t>(block) * (kThreads / 32);
+    sign_fused<<<blocks_for(blocks, kThreads / 32), kThreads, staged, stream>>>(x, residual, n, block, blocks, scales,
+                                                                                 words);
+    check_launch("sign_fused");
+    return;
+  }
+  if (blocks) {
+    // With error feedback the scale pass makes u in the residual; without, it reads x.
+    sign_scales<<<blocks_for(blocks * kLanes, kThreads), kThreads, 0, stream>>>(
+        residual ? x : nullptr, residual ? residual : const_cast<float*>(x), n, block, blocks, scales);
+    check_launch("sign_scales");
+  } else if (residual) {
+    make_u(residual, x, n, stream);
+  }
+  sign_bits<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(residual ? residual : x, n, block, scales, words,
+                                                              residual);
+  check_launch("sign_bits");
+}
+
+}  // namespace gradzip::cuda

@@ -1,0 +1,188 @@
+// stc payload on the GPU. μ: one block of kStcMeanLanes threads sums |u| of the chosen
+// entries in the CPU's fixed lane order (math::kStcMeanLanes), in double. Positions:
+// per-entry Golomb-Rice code lengths, an exclusive scan (CUB) for their bit offsets,
+// then every entry ORs its code into 32-bit words (integer atomics: the order does not
+// matter); or the bitmap. Sign bits by warp ballots in entry order. The word buffers
+// are aligned scratch, copied to the payload's (unaligned) sections.
+#include <cub/device/device_scan.cuh>
+
+#include "codec/codec_base.h"
+#include "codec/wire.h"
+#include "cuda_check.h"
+#include "element_math.cuh"
+#include "encoders.h"
+#include "payload_bytes.cuh"
+
+namespace gradzip::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr size_t kFixedBytes = kPayloadHeaderBytes + 8 + 4 + 1 + 1 + 8;  // through "position bytes"
+constexpr size_t kMuOffset = kPayloadHeaderBytes + 8;                      // 4-byte aligned
+
+size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+struct Scratch {
+  uint64_t* code_bits;  // count
+  uint64_t* code_starts;  // count
+  uint32_t* positions;  // ceil(n/32) + 2 words: the bitmap, or the Golomb codes (used only when not longer)
+  uint32_t* signs;      // ceil(count/32) words
+  void* cub_temp;
+  size_t cub_bytes;
+  size_t total;
+
+  Scratch(void* base, int64_t n, int64_t count) {
+    auto* at = static_cast<char*>(base);
+    size_t offset = 0;
+    auto take = [&](size_t bytes) {
+      char* p = at ? at + offset : nullptr;
+      offset += align256(bytes);
+      return p;
+    };
+    code_bits = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
+    code_starts = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
+    positions = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(n) / 32 + 2)));
+    signs = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(count) / 32 + 1)));
+    cub_bytes = 0;
+    check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, code_bits, code_starts, count), "cub::DeviceScan (size)");
+    cub_temp = take(cub_bytes);
+    total = offset;
+  }
+};
+
+__global__ void __launch_bounds__(math::kStcMeanLanes)
+    stc_mean(const float* u, const int64_t* indices, int64_t count, float* mu) {
+  __shared__ double lanes[math::kStcMeanLanes];
+  double lane = 0.0;
+  for (int64_t j = threadIdx.x; j < count; j += math::kStcMeanLanes) lane += fabs(static_cast<double>(u[indices[j]]));
+  lanes[threadIdx.x] = lane;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int l = 0; l < math::kStcMeanLanes; ++l) total += lanes[l];
+    *mu = count ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
+  }
+}
+
+__device__ __forceinline__ uint64_t gap_before(const int64_t* indices, int64_t j) {
+  return static_cast<uint64_t>(indices[j] - (j ? indices[j - 1] : -1) - 1);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    golomb_code_bits(const int64_t* indices, int64_t count, int b, uint64_t* bits) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < count) bits[j] = math::golomb_rice_bits(gap_before(indices, j), b);
+}
+
+// ORs the low `length` bits of value into the bit string at `position`.
+__device__ __forceinline__ void or_bits(uint32_t* words, uint64_t position, uint64_t value, int length) {
+  while (length > 0) {
+    const int offset = static_cast<int>(position % 32);
+    const int take = length < 32 - offset ? length : 32 - offset;
+    const uint32_t part = static_cast<uint32_t>(value & ((uint64_t{1} << take) - 1));
+    atomicOr(&words[position / 32], part << offset);
+    position += take;
+    value >>= take;
+    length -= take;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    write_golomb_codes(const int64_t* indices, const uint64_t* starts, int64_t count, int b, uint32_t* words) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  const uint64_t gap = gap_before(indices, j);
+  uint64_t position = starts[j];
+  for (uint64_t ones = gap >> b; ones > 0;) {  // the unary quotient, a word at a time
+    const int length = ones < 32 ? static_cast<int>(ones) : 32;
+    or_bits(words, position, 0xffffffffu, length);
+    position += length;
+    ones -= length;
+  }
+  position += 1;  // the terminating zero
+  if (b) or_bits(words, position, gap & ((uint64_t{1} << b) - 1), b);
+}
+
+__global__ void __launch_bounds__(kThreads) mark_bitmap(const int64_t* indices, int64_t count, uint32_t* words) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j < count) atomicOr(&words[indices[j] / 32], 1u << (indices[j] % 32));
+}
+
+// Sign bits in entry order (1 = non-negative), and the residual update u − (±μ).
+__global__ void __launch_bounds__(kThreads)
+    stc_signs(const float* u, const int64_t* indices, int64_t count, const float* mu, uint32_t* words,
+              float* residual) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const bool valid = j < count;
+  const float v = valid ? u[indices[j]] : 0.0f;
+  const uint32_t bit = valid ? math::nonnegative_bit(v) : 0u;
+  const uint32_t word = __ballot_sync(0xffffffffu, bit);
+  if (valid && threadIdx.x % 32 == 0) words[j / 32] = word;
+  if (valid && residual) residual[indices[j]] = v + (bit ? -*mu : *mu);
+}
+
+}  // namespace
+
+size_t stc_scratch_bytes(int64_t n, int64_t count) { return Scratch(nullptr, n, count).total; }
+
+StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch, cudaStream_t stream) {
+  StcPlan plan;
+  plan.golomb_parameter = stc_golomb_parameter(count, n);
+  if (count > 0) {
+    const Scratch s(scratch, n, count);
+    golomb_code_bits<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, plan.golomb_parameter,
+                                                                           s.code_bits);
+    check_launch("golomb_code_bits");
+    size_t bytes = s.cub_bytes;
+    check(cub::DeviceScan::ExclusiveSum(s.cub_temp, bytes, s.code_bits, s.code_starts, count, stream),
+          "cub::DeviceScan");
+    uint64_t last[2];  // the last code's start and length
+    check(cudaMemcpyAsync(&last[0], s.code_starts + count - 1, 8, cudaMemcpyDeviceToHost, stream), "reading the Golomb length");
+    check(cudaMemcpyAsync(&last[1], s.code_bits + count - 1, 8, cudaMemcpyDeviceToHost, stream), "reading the Golomb length");
+    check(cudaStreamSynchronize(stream), "stc positions");
+    plan.golomb_bits = last[0] + last[1];
+  }
+  const uint64_t golomb_bytes = wire::bytes_for_bits(plan.golomb_bits);
+  plan.bitmap = golomb_bytes > wire::bytes_for_bits(static_cast<uint64_t>(n));
+  plan.position_bytes = plan.bitmap ? wire::bytes_for_bits(static_cast<uint64_t>(n)) : golomb_bytes;
+  plan.payload_bytes = kFixedBytes + plan.position_bytes + wire::bytes_for_bits(static_cast<uint64_t>(count));
+  return plan;
+}
+
+void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int64_t* indices, int64_t count,
+                       float* residual, uint8_t* payload, void* scratch, cudaStream_t stream) {
+  const Scratch s(scratch, n, count);
+  std::vector<uint8_t> fields;
+  wire::Writer w(fields);
+  w.header(CodecId::kStc, static_cast<uint64_t>(n));
+  w.put<uint64_t>(static_cast<uint64_t>(count));
+  w.put<float>(0.0f);  // μ, written by stc_mean below
+  w.put<uint8_t>(plan.bitmap ? 1 : 0);
+  w.put<uint8_t>(static_cast<uint8_t>(plan.golomb_parameter));
+  w.put<uint64_t>(plan.position_bytes);
+  write_fixed_fields(payload, fields, stream);
+  auto* mu = reinterpret_cast<float*>(payload + kMuOffset);
+  stc_mean<<<1, math::kStcMeanLanes, 0, stream>>>(u, indices, count, mu);
+  check_launch("stc_mean");
+  if (count <= 0) return;
+
+  const size_t words = (plan.position_bytes + 3) / 4;
+  check(cudaMemsetAsync(s.positions, 0, 4 * words, stream), "clearing the positions");
+  if (plan.bitmap) {
+    mark_bitmap<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, s.positions);
+    check_launch("mark_bitmap");
+  } else {
+    write_golomb_codes<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, s.code_starts, count,
+                                                                             plan.golomb_parameter, s.positions);
+    check_launch("write_golomb_codes");
+  }
+  check(cudaMemcpyAsync(payload + kFixedBytes, s.positions, plan.position_bytes, cudaMemcpyDeviceToDevice, stream),
+        "copying the positions");
+  stc_signs<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(u, indices, count, mu, s.signs, residual);
+  check_launch("stc_signs");
+  check(cudaMemcpyAsync(payload + kFixedBytes + plan.position_bytes, s.signs, wire::bytes_for_bits(count),
+                        cudaMemcpyDeviceToDevice, stream),
+        "copying the sign bits");
+}
+
+}  // namespace gradzip::cuda
