@@ -42,6 +42,8 @@ demo: build
 bench: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 4 benchmarks/collectives.py
 	$(PYTHON) benchmarks/codecs.py
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 8 benchmarks/consensus.py
+	$(PYTHON) benchmarks/federated.py
 
 clean:
 	rm -rf build python/gradzip/_C*.so

@@ -129,7 +129,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
 
   int64_t padded = 0;
   const auto payloads = allgather_payloads(payload, tensor.device(), transport, padded);
-  auto sum = at::zeros({n}, at::kFloat);
+  // An fp32 CPU tensor is its own sum (the encoder is done with it): no 4n-byte buffer to
+  // allocate and no pass to copy it back. Same additions, same order, same bits.
+  const bool in_place = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
+  auto sum = in_place ? tensor.view({n}).zero_() : at::zeros({n}, at::kFloat);
   for (int r = 0; r < ranks; ++r) {
     try {
       codec_->decode_add(payloads[r].data_ptr<uint8_t>(), payloads[r].numel(), sum.data_ptr<float>(), n);
@@ -139,11 +142,11 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
     }
   }
   if (majority_) {
-    sum = sum.sign();
+    sum.sign_();
   } else if (op == c10d::ReduceOp::AVG) {
     sum.div_(ranks);
   }
-  tensor.copy_(sum.view(tensor.sizes()));
+  if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   // An allgather sends this rank's (padded) payload to every other rank and receives theirs.
   stats.add((ranks - 1) * (padded + 8), (ranks - 1) * (padded + 8), ring_allreduce_bytes(n * 4, ranks));
   return completed_work(tensors);

@@ -4,7 +4,8 @@
 // allgathered over the transport (their sizes first, then the payloads padded to the
 // largest), and every rank decodes all of them in rank order into an fp32 sum, so all
 // ranks end bitwise identical. AVG divides the sum by the world size; vote=majority
-// (sign) returns the sign of the summed votes (0 on a tie).
+// (sign) returns the sign of the summed votes (0 on a tie). When a payload cannot be
+// decoded, every rank raises the same error and the tensor's contents are unspecified.
 //
 // Compressed: fp32, fp16 and bf16 tensors (math in fp32, the result cast back) with
 // SUM or AVG. Everything else — other dtypes, other ops, tensors below min_numel, the

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 
 import gradzip
-from ranks import run_ranks
+from ranks import free_port, run_ranks
 
 
 def test_unknown_spec_name_lists_the_valid_names():
@@ -134,7 +134,9 @@ def test_cuda_tensor_without_cuda_is_refused_clearly():
         assert "CUDA" in message or "NVIDIA" in message, message
 
 
-def shutdown_twice(rank, world):
+def shutdown_twice(rank, world, second_port):
+    import os
+
     import gradzip
     gradzip.init_process_group("gradzip")
     dist.group.WORLD.shutdown()
@@ -146,13 +148,16 @@ def shutdown_twice(rank, world):
         refused = str(error)
     dist.destroy_process_group()
     gradzip.register()  # idempotent
-    gradzip.init_process_group("gradzip")  # a new group after destroy works
+    # A new group after destroy works. On a new port: rank 0 serves the store, and a rank
+    # that reconnects to the old port before rank 0 has replaced its server would lose.
+    os.environ["MASTER_PORT"] = str(second_port)
+    gradzip.init_process_group("gradzip")
     x = torch.ones(2)
     dist.all_reduce(x)
     return refused, x.tolist()
 
 
 def test_shutdown_is_idempotent_and_refuses_later_collectives():
-    for refused, value in run_ranks(shutdown_twice, 2, timeout=60):
+    for refused, value in run_ranks(shutdown_twice, 2, free_port(), timeout=60):
         assert refused is not None and "shut down" in refused, refused
         assert value == [2.0, 2.0]

@@ -70,7 +70,7 @@ def test_consensus_benchmark_quick(tmp_path):
     rows = {row["spec"]: row for row in json.loads((tmp_path / "c.json").read_text())["rows"]}
     assert rows["gossip:topology=onepeer"]["steps_to_1e-3"] == 2  # exact after log2 4 steps
     ring = rows["gossip:topology=ring"]
-    assert ring["measured_rate"] <= ring["predicted_rate"] + 1e-6
+    assert ring["measured_rate"] <= ring["predicted_rate"] * (1 + 1e-3)  # fp32 rounding
     assert len(rows) == 7
 
 
