@@ -2,6 +2,7 @@
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -90,11 +91,24 @@ def test_federated_benchmark_quick(tmp_path):
 
 
 def _netns_usable():
+    """None when this machine lets netns.sh build its network (root, namespaces, veth, tbf);
+    else why not."""
     if os.geteuid() != 0:
         return "benchmarks/netns.sh needs root"
-    probe = subprocess.run(["ip", "netns", "add", "gradzip-test-probe"], capture_output=True, text=True)
-    subprocess.run(["ip", "netns", "del", "gradzip-test-probe"], capture_output=True)
-    return None if probe.returncode == 0 else f"network namespaces unavailable: {probe.stderr.strip()}"
+    steps = [["ip", "netns", "add", "gradzip-test-probe"],
+             ["ip", "-n", "gradzip-test-probe", "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
+             ["ip", "netns", "exec", "gradzip-test-probe", "tc", "qdisc", "add", "dev", "p0", "root", "tbf",
+              "rate", "1gbit", "burst", "128kb", "latency", "50ms"]]
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "iproute2 (ip, tc) is missing"
+    try:
+        for step in steps:
+            done = subprocess.run(step, capture_output=True, text=True)
+            if done.returncode != 0:
+                return f"this machine cannot build netns.sh's network: {' '.join(step[:4])}: {done.stderr.strip()}"
+        return None
+    finally:
+        subprocess.run(["ip", "netns", "del", "gradzip-test-probe"], capture_output=True)
 
 
 @pytest.mark.skipif(_netns_usable() is not None, reason=str(_netns_usable()))
