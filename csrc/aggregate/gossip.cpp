@@ -50,6 +50,25 @@ int64_t bytes_received(const std::vector<PeerMessage>& messages) {
   return total;
 }
 
+// What one gossip call runs on: the group, its graph, and this tensor's state and step.
+struct GossipCall {
+  int size;
+  int rank;
+  const Topology& topology;
+  TensorState& state;
+  uint64_t step;
+};
+
+GossipCall begin_call(TopologyCache& topologies, std::mutex& mutex, std::map<std::string, TensorState>& states,
+                      const c10::intrusive_ptr<c10d::Backend>& transport, const std::string& key) {
+  const int size = transport->getSize();
+  const Topology& topology = topologies.get(size);
+  std::lock_guard<std::mutex> lock(mutex);
+  TensorState& state = states[key];
+  const auto step = static_cast<uint64_t>(state.calls++);
+  return {size, transport->getRank(), topology, state, step};
+}
+
 void check_topology_spec(const Spec& spec) {
   const auto name = spec.get_string("topology", "exp");
   const auto& names = Topology::names();
@@ -129,14 +148,7 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
-  const int size = transport->getSize();
-  const int rank = transport->getRank();
-  const Topology& topology = topologies_.get(size);
-  uint64_t step;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    step = static_cast<uint64_t>(state_[key].calls++);
-  }
+  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, state_, transport, key);
   const auto& neighbours = topology.neighbours(rank, step);
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
@@ -197,14 +209,8 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
-  const int size = transport->getSize();
-  const int rank = transport->getRank();
-  const Topology& topology = topologies_.get(size);
+  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, state_, transport, key);
   const int64_t n = tensor.numel();
-  std::unique_lock<std::mutex> lock(mutex_);
-  TensorState& state = state_[key];
-  const auto step = static_cast<uint64_t>(state.calls++);
-  lock.unlock();
   const auto& neighbours = topology.neighbours(rank, step);
   auto& copies = state.public_copies;
   auto copy_of = [&](int owner) -> std::vector<float>& {
