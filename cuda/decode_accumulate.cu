@@ -9,13 +9,12 @@
 #include "decode_accumulate.h"
 #include "element_math.cuh"
 #include "payload_bytes.cuh"
+#include "scratch_carver.h"
 
 namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 __global__ void __launch_bounds__(kThreads)
     topk_add(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
@@ -264,39 +263,33 @@ struct StcScratch {
   int64_t segments, groups;
 
   StcScratch(void* base, int64_t n, int64_t k, uint64_t position_bytes) {
-    auto* at = static_cast<char*>(base);
-    size_t offset = 0;
-    auto take = [&](size_t bytes) {
-      char* p = at ? at + offset : nullptr;
-      offset += align256(bytes);
-      return p;
-    };
+    ScratchCarver carve(base);
     const size_t words = static_cast<size_t>((n + 31) / 32);
     const size_t states = kMaxGolombParameter + 1;
     segments = static_cast<int64_t>((position_bytes * 8 + kSegmentBits - 1) / kSegmentBits);
     groups = (segments + kGroupSegments - 1) / kGroupSegments;
     const size_t kk = static_cast<size_t>(k), ss = static_cast<size_t>(segments), gg = static_cast<size_t>(groups);
-    indices = reinterpret_cast<int64_t*>(take(8 * kk));
-    counts = reinterpret_cast<uint64_t*>(take(8 * words));
-    before = reinterpret_cast<uint64_t*>(take(8 * words));
-    exits = reinterpret_cast<uint8_t*>(take(ss * states));
-    codes = reinterpret_cast<uint32_t*>(take(4 * ss * states));
-    group_exits = reinterpret_cast<uint8_t*>(take(gg * states));
-    group_codes = reinterpret_cast<uint64_t*>(take(8 * gg * states));
-    group_entry = reinterpret_cast<uint8_t*>(take(gg));
-    group_before = reinterpret_cast<uint64_t*>(take(8 * gg));
-    entry = reinterpret_cast<uint8_t*>(take(ss));
-    segment_before = reinterpret_cast<uint64_t*>(take(8 * ss));
-    ends = reinterpret_cast<uint64_t*>(take(8 * kk));
-    steps = reinterpret_cast<uint64_t*>(take(8 * kk));
-    sums = reinterpret_cast<uint64_t*>(take(8 * kk));
+    indices = carve.take<int64_t>(kk);
+    counts = carve.take<uint64_t>(words);
+    before = carve.take<uint64_t>(words);
+    exits = carve.take<uint8_t>(ss * states);
+    codes = carve.take<uint32_t>(ss * states);
+    group_exits = carve.take<uint8_t>(gg * states);
+    group_codes = carve.take<uint64_t>(gg * states);
+    group_entry = carve.take<uint8_t>(gg);
+    group_before = carve.take<uint64_t>(gg);
+    entry = carve.take<uint8_t>(ss);
+    segment_before = carve.take<uint64_t>(ss);
+    ends = carve.take<uint64_t>(kk);
+    steps = carve.take<uint64_t>(kk);
+    sums = carve.take<uint64_t>(kk);
     size_t bitmap_bytes = 0, golomb_bytes = 0;
     check(cub::DeviceScan::ExclusiveSum(nullptr, bitmap_bytes, counts, before, static_cast<int64_t>(words)),
           "cub::DeviceScan (size)");
     check(cub::DeviceScan::ExclusiveSum(nullptr, golomb_bytes, steps, sums, k), "cub::DeviceScan (size)");
     cub_bytes = std::max(bitmap_bytes, golomb_bytes);
-    cub_temp = take(cub_bytes);
-    total = offset;
+    cub_temp = carve.take_bytes(cub_bytes);
+    total = carve.size();
   }
 };
 

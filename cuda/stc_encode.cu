@@ -12,6 +12,7 @@
 #include "element_math.cuh"
 #include "encoders.h"
 #include "payload_bytes.cuh"
+#include "scratch_carver.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -19,8 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr size_t kFixedBytes = kPayloadHeaderBytes + 8 + 4 + 1 + 1 + 8;  // through "position bytes"
 constexpr size_t kMuOffset = kPayloadHeaderBytes + 8;                      // 4-byte aligned
-
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 struct Scratch {
   uint64_t* code_bits;  // count
@@ -32,21 +31,15 @@ struct Scratch {
   size_t total;
 
   Scratch(void* base, int64_t n, int64_t count) {
-    auto* at = static_cast<char*>(base);
-    size_t offset = 0;
-    auto take = [&](size_t bytes) {
-      char* p = at ? at + offset : nullptr;
-      offset += align256(bytes);
-      return p;
-    };
-    code_bits = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
-    code_starts = reinterpret_cast<uint64_t*>(take(8 * static_cast<size_t>(count)));
-    positions = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(n) / 32 + 2)));
-    signs = reinterpret_cast<uint32_t*>(take(4 * (static_cast<size_t>(count) / 32 + 1)));
+    ScratchCarver carve(base);
+    code_bits = carve.take<uint64_t>(static_cast<size_t>(count));
+    code_starts = carve.take<uint64_t>(static_cast<size_t>(count));
+    positions = carve.take<uint32_t>(static_cast<size_t>(n) / 32 + 2);
+    signs = carve.take<uint32_t>(static_cast<size_t>(count) / 32 + 1);
     cub_bytes = 0;
     check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, code_bits, code_starts, count), "cub::DeviceScan (size)");
-    cub_temp = take(cub_bytes);
-    total = offset;
+    cub_temp = carve.take_bytes(cub_bytes);
+    total = carve.size();
   }
 };
 

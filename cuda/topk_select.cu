@@ -10,6 +10,7 @@
 #include "cuda_check.h"
 #include "element_math.cuh"
 #include "payload_bytes.cuh"
+#include "scratch_carver.h"
 #include "topk_select.h"
 
 namespace gradzip::cuda {
@@ -222,8 +223,6 @@ struct ChosenByThreshold {
   }
 };
 
-size_t align256(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 // Where each piece of the scratch lives.
 struct Scratch {
   RadixState* state;
@@ -237,26 +236,19 @@ struct Scratch {
   size_t total;
 
   Scratch(void* base, int64_t n) {
-    auto* at = static_cast<char*>(base);
-    size_t offset = 0;
-    auto take = [&](size_t bytes) {
-      char* p = at ? at + offset : nullptr;
-      offset += align256(bytes);
-      return p;
-    };
-    state = reinterpret_cast<RadixState*>(take(sizeof(RadixState)));
-    hist = reinterpret_cast<unsigned long long*>(
-        take(sizeof(unsigned long long) * math::kRadixPasses * math::kRadixMaxBuckets));
-    chunk_ties = reinterpret_cast<unsigned*>(take(sizeof(unsigned) * (tie_chunks(n) + 1)));
+    ScratchCarver carve(base);
+    state = carve.take<RadixState>(1);
+    hist = carve.take<unsigned long long>(static_cast<size_t>(math::kRadixPasses) * math::kRadixMaxBuckets);
+    chunk_ties = carve.take<unsigned>(static_cast<size_t>(tie_chunks(n) + 1));
     candidate_capacity = std::min<int64_t>(n, std::max<int64_t>(4096, n / 32));
-    candidates = reinterpret_cast<int64_t*>(take(sizeof(int64_t) * candidate_capacity));
-    selected = reinterpret_cast<int64_t*>(take(sizeof(int64_t)));
+    candidates = carve.take<int64_t>(static_cast<size_t>(candidate_capacity));
+    selected = carve.take<int64_t>(1);
     cub_bytes = 0;
     check(cub::DeviceSelect::If(nullptr, cub_bytes, thrust::counting_iterator<int64_t>(0), static_cast<int64_t*>(nullptr),
                                 static_cast<int64_t*>(nullptr), n, ChosenByThreshold{}),
           "cub::DeviceSelect::If (size)");
-    cub_temp = take(cub_bytes);
-    total = offset;
+    cub_temp = carve.take_bytes(cub_bytes);
+    total = carve.size();
   }
   static int64_t tie_chunks(int64_t n) { return (n + kTieChunk - 1) / kTieChunk; }
 };
