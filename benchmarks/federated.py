@@ -96,8 +96,9 @@ def federated(make_model, up, down, args, data, label, broadcast_model=False):
         drawn = torch.randperm(args.clients, generator=draw)[: max(1, int(args.participation * args.clients))]
         bits_up = bits_down = 0
         if broadcast_model:  # the drawn clients receive the server's model through `down`
+            model_state = server.state_dict()
             for c in drawn.tolist():
-                received, bits = down.send({k: v for k, v in server.state_dict().items()}, sender=0)
+                received, bits = down.send(model_state, sender=0)
                 clients[c].load_state_dict(received)
                 bits_down += bits
         updates = []
