@@ -4,10 +4,10 @@
 
 #include <algorithm>
 
-#include "codec/codec_base.h"
+#include "codec/stc_codec.h"
 #include "cuda_check.h"
 #include "decode_accumulate.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "payload_bytes.cuh"
 #include "scratch_carver.h"
 

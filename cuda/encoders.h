@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codec/codec_record.h"
+
 namespace gradzip::cuda {
 
 // topk: `count` chosen indices (ascending, from topk_compact) of u; residual is u itself
@@ -38,12 +40,12 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
 size_t sign_payload_bytes(int64_t n, int64_t block);
 void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream);
 
+// Device memory for a payload of `size` bytes: rounded up to 8 (the packers store whole words).
+uint8_t* payload_memory(DeviceArena& arena, size_t size);
+
 // qsgd: per-bucket norms, then levels drawn with Philox counted by (element, step, rank).
 size_t qsgd_payload_bytes(int64_t n, int levels, int64_t bucket);
 void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t bucket, bool max_norm,
                  uint64_t seed, uint64_t step, uint32_t rank, uint8_t* payload, cudaStream_t stream);
-
-// Bits per QSGD code for s levels: enough for 0..s, plus the sign.
-int qsgd_code_width(int levels);
 
 }  // namespace gradzip::cuda

@@ -5,11 +5,13 @@
 // (qsgd_fused) for buckets that are multiples of 32 up to 1024 (the default 512); two
 // otherwise.
 #include "codec/wire.h"
-#include "block_lanes.cuh"
+#include "codec/block_lanes.cuh"
 #include "cuda_check.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "encoders.h"
 #include "payload_bytes.cuh"
+#include "codec/qsgd_codec.h"
+#include "decode_accumulate.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -171,12 +173,6 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-int qsgd_code_width(int levels) {
-  int bits = 1;
-  while ((1 << bits) - 1 < levels) ++bits;
-  return bits + 1;
-}
-
 size_t qsgd_payload_bytes(int64_t n, int levels, int64_t bucket) {
   const int64_t buckets = (n + bucket - 1) / bucket;
   return kFixedBytes + 4 * static_cast<size_t>(buckets) +
@@ -221,3 +217,31 @@ void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t
 }
 
 }  // namespace gradzip::cuda
+
+namespace gradzip {
+namespace {
+
+DevicePayload qsgd_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                                 const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
+  DevicePayload payload;
+  payload.size = cuda::qsgd_payload_bytes(n, codec.levels, codec.bucket);
+  payload.data = cuda::payload_memory(arena, payload.size);
+  cuda::encode_qsgd(x, residual, n, codec.levels, codec.bucket, codec.max_norm, ctx.seed, ctx.step, ctx.rank,
+                    payload.data, stream);
+  return payload;
+}
+
+void qsgd_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                            int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
+  wire::Reader r(prefix, have, size, "qsgd");
+  const QsgdLayout layout = read_qsgd_layout(r, n);
+  cuda::add_qsgd(reinterpret_cast<const float*>(payload + layout.norms.offset),
+                 reinterpret_cast<const uint32_t*>(payload + layout.codes.offset), layout.width, layout.levels,
+                 layout.bucket, out, n, error, stream);
+}
+
+}  // namespace
+
+const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add};
+
+}  // namespace gradzip

@@ -3,11 +3,13 @@
 // residual update u − (±scale), as the CPU codec leaves it. One pass when the block is a
 // multiple of 32 up to 1024 elements (the default 512); two otherwise.
 #include "codec/wire.h"
-#include "block_lanes.cuh"
+#include "codec/block_lanes.cuh"
 #include "cuda_check.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "encoders.h"
 #include "payload_bytes.cuh"
+#include "codec/sign_codec.h"
+#include "decode_accumulate.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -128,3 +130,29 @@ void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint
 }
 
 }  // namespace gradzip::cuda
+
+namespace gradzip {
+namespace {
+
+DevicePayload sign_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                                 const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
+  DevicePayload payload;
+  payload.size = cuda::sign_payload_bytes(n, codec.block);
+  payload.data = cuda::payload_memory(arena, payload.size);
+  cuda::encode_sign(x, residual, n, codec.block, payload.data, stream);
+  return payload;
+}
+
+void sign_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                            int64_t n, int*, DeviceArena&, cudaStream_t stream) {
+  wire::Reader r(prefix, have, size, "sign");
+  const SignLayout layout = read_sign_layout(r, n);
+  cuda::add_sign(reinterpret_cast<const float*>(payload + layout.scales.offset),
+                 reinterpret_cast<const uint32_t*>(payload + layout.bits.offset), layout.block, out, n, stream);
+}
+
+}  // namespace
+
+const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add};
+
+}  // namespace gradzip

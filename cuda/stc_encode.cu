@@ -9,10 +9,13 @@
 #include "codec/codec_base.h"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "encoders.h"
 #include "payload_bytes.cuh"
 #include "scratch_carver.h"
+#include "codec/stc_codec.h"
+#include "decode_accumulate.h"
+#include "topk_select.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -179,3 +182,34 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
 }
 
 }  // namespace gradzip::cuda
+
+namespace gradzip {
+namespace {
+
+DevicePayload stc_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                                const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
+  const cuda::Selection chosen = cuda::select_on_device(codec, x, n, residual, arena, stream);
+  void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
+  const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
+  DevicePayload payload;
+  payload.size = plan.payload_bytes;
+  payload.data = cuda::payload_memory(arena, payload.size);
+  cuda::write_stc_payload(plan, chosen.u, n, chosen.indices, chosen.count, residual, payload.data, scratch, stream);
+  return payload;
+}
+
+void stc_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                           int64_t n, int* error, DeviceArena& arena, cudaStream_t stream) {
+  wire::Reader r(prefix, have, size, "stc");
+  const StcLayout layout = read_stc_layout(r, n);
+  const auto k = static_cast<int64_t>(layout.k);
+  void* scratch = arena.allocate(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes));
+  cuda::add_stc(payload + layout.positions.offset, layout.positions.bytes, layout.bitmap, layout.golomb_parameter,
+                payload + layout.signs.offset, k, layout.mu, out, n, error, scratch, stream);
+}
+
+}  // namespace
+
+const DeviceHalf kStcDevice = {stc_device_encode, stc_device_decode_add};
+
+}  // namespace gradzip

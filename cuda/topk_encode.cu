@@ -2,9 +2,12 @@
 // entry writes its index and value bytes (at unaligned offsets) and clears its residual.
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "encoders.h"
 #include "payload_bytes.cuh"
+#include "codec/topk_codec.h"
+#include "decode_accumulate.h"
+#include "topk_select.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -27,6 +30,10 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
+uint8_t* payload_memory(DeviceArena& arena, size_t size) {
+  return static_cast<uint8_t*>(arena.allocate(size < 8 ? 8 : (size + 7) / 8 * 8));
+}
+
 size_t topk_payload_bytes(int64_t n, int64_t count) {
   return kPayloadHeaderBytes + 8 + 1 + static_cast<size_t>(count) * (index_width(n) + 4);
 }
@@ -48,3 +55,30 @@ void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64
 }
 
 }  // namespace gradzip::cuda
+
+namespace gradzip {
+namespace {
+
+DevicePayload topk_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                                 const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
+  const cuda::Selection chosen = cuda::select_on_device(codec, x, n, residual, arena, stream);
+  DevicePayload payload;
+  payload.size = cuda::topk_payload_bytes(n, chosen.count);
+  payload.data = cuda::payload_memory(arena, payload.size);
+  cuda::write_topk_payload(chosen.u, n, chosen.indices, chosen.count, residual, payload.data, stream);
+  return payload;
+}
+
+void topk_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                            int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
+  wire::Reader r(prefix, have, size, "topk");
+  const TopKLayout layout = read_topk_layout(r, n);
+  cuda::add_topk(payload + layout.indices.offset, payload + layout.values.offset, static_cast<int64_t>(layout.k),
+                 layout.width, out, n, error, stream);
+}
+
+}  // namespace
+
+const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add};
+
+}  // namespace gradzip

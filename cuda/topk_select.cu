@@ -8,7 +8,7 @@
 #include <algorithm>
 
 #include "cuda_check.h"
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "payload_bytes.cuh"
 #include "scratch_carver.h"
 #include "topk_select.h"
@@ -324,6 +324,17 @@ void topk_compact(const float* u, int64_t n, int64_t* indices, void* scratch, cu
   check(cub::DeviceSelect::If(s.cub_temp, s.cub_bytes, thrust::counting_iterator<int64_t>(0), indices, s.selected, n,
                               ChosenByThreshold{u, s.state}, stream),
         "cub::DeviceSelect::If");
+}
+
+Selection select_on_device(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                           DeviceArena& arena, cudaStream_t stream) {
+  const int64_t k = count_for_density(codec.density, n);
+  void* scratch = arena.allocate(topk_scratch_bytes(n));
+  const int64_t count = topk_prepare(x, residual, n, k, codec.approx, scratch, stream);
+  auto* indices = static_cast<int64_t*>(arena.allocate(8 * static_cast<size_t>(count > 0 ? count : 1)));
+  const float* u = residual ? residual : x;
+  if (count > 0) topk_compact(u, n, indices, scratch, stream);
+  return {u, indices, count};
 }
 
 }  // namespace gradzip::cuda

@@ -22,6 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codec/codec_record.h"
+
 namespace gradzip::cuda {
 
 // Scratch bytes the two steps need for n elements (256-byte aligned pointer).
@@ -33,5 +35,14 @@ int64_t topk_prepare(const float* x, float* residual, int64_t n, int64_t k, bool
 
 // Writes the `count` (topk_prepare's answer) chosen indices of u, ascending.
 void topk_compact(const float* u, int64_t n, int64_t* indices, void* scratch, cudaStream_t stream);
+
+// The entries a selection codec (topk, stc) sends: both steps above, memory from `arena`.
+struct Selection {
+  const float* u;          // x + residual (the residual itself), or x
+  const int64_t* indices;  // `count` of them, ascending
+  int64_t count;
+};
+Selection select_on_device(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                           DeviceArena& arena, cudaStream_t stream);
 
 }  // namespace gradzip::cuda

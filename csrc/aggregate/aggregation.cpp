@@ -1,3 +1,4 @@
+// The aggregation registry, and binding a spec against it (gradzip/bound_spec.h).
 #include "gradzip/aggregation.h"
 
 #include <algorithm>
@@ -5,7 +6,7 @@
 #include "aggregate/compressed_allreduce.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/gossip.h"
-#include "gradzip/codec.h"
+#include "codec/codec_record.h"
 
 namespace gradzip {
 namespace {
@@ -17,56 +18,154 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
-}  // namespace
-
-const std::vector<AggregationKind>& aggregation_kinds() {
-  static const std::vector<AggregationKind> kinds = [] {
-    std::vector<AggregationKind> all = {
-        {"allreduce", "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)", {},
-         [](const Spec& spec) -> std::unique_ptr<Aggregation> { return std::make_unique<ExactAllreduce>(spec); }},
-    };
-    // Every codec is also an aggregation: allgather its payloads, decode and reduce.
-    for (const auto& codec : codec_kinds()) {
-      std::vector<std::string> keys = codec.keys;
-      keys.insert(keys.end(), compressed_aggregation_keys().begin(), compressed_aggregation_keys().end());
-      all.push_back({codec.name, codec.summary, keys, [](const Spec& spec) -> std::unique_ptr<Aggregation> {
-                       return std::make_unique<CompressedAllreduce>(spec);
-                     }});
-    }
-    all.push_back({"gossip", "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
-                   topology_keys(), [](const Spec& spec) -> std::unique_ptr<Aggregation> {
-                     return std::make_unique<GossipAverage>(spec);
-                   }});
-    all.push_back({"choco", "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences",
-                   choco_keys(), [](const Spec& spec) -> std::unique_ptr<Aggregation> {
-                     return std::make_unique<ChocoGossip>(spec);
-                   }});
-    return all;
-  }();
-  return kinds;
+const SpecKey* find_key(const std::vector<SpecKey>& keys, const std::string& name) {
+  auto it = std::find_if(keys.begin(), keys.end(), [&](const SpecKey& k) { return k.name == name; });
+  return it == keys.end() ? nullptr : &*it;
 }
 
-const AggregationKind& find_aggregation_kind(const Spec& spec) {
+// The keys a codec lends an aggregation: all of them, except vote for choco (its
+// public copies need the decoded values, not a vote).
+std::vector<SpecKey> lent_keys(const CodecRecord& codec, AggregationKind::CodecFrom from) {
+  std::vector<SpecKey> keys;
+  for (const auto& key : codec.keys) {
+    if (!(from == AggregationKind::CodecFrom::kCompressKey && key.name == "vote")) keys.push_back(key);
+  }
+  return keys;
+}
+
+const AggregationKind& find_kind(const Spec& spec) {
   const auto& kinds = aggregation_kinds();
-  auto kind = std::find_if(kinds.begin(), kinds.end(),
-                           [&](const AggregationKind& k) { return k.name == spec.name; });
+  auto kind = std::find_if(kinds.begin(), kinds.end(), [&](const AggregationKind& k) { return k.name == spec.name; });
   if (kind == kinds.end()) {
     std::vector<std::string> names;
     for (const auto& k : kinds) names.push_back(k.name);
     throw SpecError("gradzip: unknown aggregation '" + spec.name + "' in spec '" + spec.str() +
                     "'; valid names: " + join(names));
   }
-  for (const auto& [key, value] : spec.params) {
-    if (std::find(kind->keys.begin(), kind->keys.end(), key) == kind->keys.end()) {
-      throw SpecError("gradzip: unknown key '" + key + "' for aggregation '" + spec.name +
-                      "' in spec '" + spec.str() + "'; valid keys: " + join(kind->keys));
-    }
-  }
   return *kind;
 }
 
-std::unique_ptr<Aggregation> make_aggregation(const Spec& spec) {
-  return find_aggregation_kind(spec).make(spec);
+}  // namespace
+
+const std::vector<AggregationKind>& aggregation_kinds() {
+  static const std::vector<AggregationKind> kinds = [] {
+    std::vector<AggregationKind> all;
+    AggregationKind exact;
+    exact.name = "allreduce";
+    exact.summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)";
+    exact.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+      return std::make_unique<ExactAllreduce>(spec);
+    };
+    all.push_back(exact);
+    // Every codec is also an aggregation: allgather its payloads, decode and reduce.
+    for (const auto* codec : codec_records()) {
+      AggregationKind compressed;
+      compressed.name = codec->name;
+      compressed.summary = codec->summary;
+      compressed.keys = compressed_aggregation_keys();
+      compressed.codec_from = AggregationKind::CodecFrom::kName;
+      compressed.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+        return std::make_unique<CompressedAllreduce>(spec);
+      };
+      all.push_back(compressed);
+    }
+    AggregationKind gossip;
+    gossip.name = "gossip";
+    gossip.summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)";
+    gossip.keys = topology_keys();
+    gossip.decentralized = true;
+    gossip.check = check_topology_spec;
+    gossip.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+      return std::make_unique<GossipAverage>(spec);
+    };
+    all.push_back(gossip);
+    AggregationKind choco;
+    choco.name = "choco";
+    choco.summary = "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences";
+    choco.keys = choco_keys();
+    choco.codec_from = AggregationKind::CodecFrom::kCompressKey;
+    choco.decentralized = true;
+    choco.check = check_choco_spec;
+    choco.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+      return std::make_unique<ChocoGossip>(spec);
+    };
+    all.push_back(choco);
+    return all;
+  }();
+  return kinds;
 }
+
+std::vector<SpecKey> all_keys(const AggregationKind& kind) {
+  std::vector<SpecKey> keys = kind.keys;
+  if (kind.codec_from == AggregationKind::CodecFrom::kNone) return keys;
+  for (const auto* codec : codec_records()) {
+    if (kind.codec_from == AggregationKind::CodecFrom::kName && codec->name != kind.name) continue;
+    for (const auto& key : lent_keys(*codec, kind.codec_from)) {
+      if (!find_key(keys, key.name)) keys.push_back(key);
+    }
+  }
+  return keys;
+}
+
+BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&find_kind(spec_)) {
+  const CodecRecord* codec = nullptr;
+  if (kind_->codec_from == AggregationKind::CodecFrom::kName) codec = find_codec_record(spec_.name);
+  if (kind_->codec_from == AggregationKind::CodecFrom::kCompressKey) {
+    find_key(kind_->keys, "compress")->check(spec_);
+    codec = find_codec_record(spec_.get_string("compress", "sign"));
+  }
+  const std::vector<SpecKey> codec_keys = codec ? lent_keys(*codec, kind_->codec_from) : std::vector<SpecKey>{};
+  for (const auto& [key, value] : spec_.params) {
+    if (const SpecKey* own = find_key(kind_->keys, key)) {
+      own->check(spec_);
+    } else if (const SpecKey* lent = find_key(codec_keys, key)) {
+      lent->check(spec_);
+      codec_spec_.params.emplace(key, value);
+    } else {
+      std::vector<std::string> names;
+      for (const auto& k : kind_->keys) names.push_back(k.name);
+      for (const auto& k : codec_keys) names.push_back(k.name);
+      const std::string what = kind_->codec_from == AggregationKind::CodecFrom::kCompressKey
+                                   ? "aggregation '" + spec_.name + "' with compress=" + codec->name
+                                   : "aggregation '" + spec_.name + "'";
+      throw SpecError("gradzip: unknown key '" + key + "' for " + what + " in spec '" + spec_.str() +
+                      "'; valid keys: " + join(names));
+    }
+  }
+  if (kind_->check) kind_->check(spec_);
+  if (codec) {
+    codec_spec_.name = codec->name;
+    try {
+      codec_ = codec->make(codec->parse(codec_spec_));
+    } catch (const SpecError& e) {  // name the whole spec, as the user wrote it
+      const std::string what = e.what();
+      const std::string inner = "spec '" + codec_spec_.str() + "'";
+      const auto at = what.find(inner);
+      throw SpecError(at == std::string::npos ? what
+                                              : what.substr(0, at) + "spec '" + spec_.str() + "'" +
+                                                    what.substr(at + inner.size()));
+    }
+  }
+}
+
+bool BoundSpec::decentralized() const { return kind_->decentralized; }
+
+c10::intrusive_ptr<c10d::Work> Aggregation::allreduce_pieces(std::vector<at::Tensor>& tensors,
+                                                             const c10d::AllreduceOptions& opts,
+                                                             const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                             Stats& stats, const std::vector<TensorPiece>& pieces) {
+  std::string key;
+  for (const auto& piece : pieces) key += (key.empty() ? "" : "+") + piece.key;
+  return allreduce(tensors, opts, transport, stats, key);
+}
+
+void Aggregation::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  if (!state.empty()) {
+    throw std::invalid_argument("gradzip: aggregation '" + spec_.str() + "' keeps no state, but the state to load has " +
+                                std::to_string(state.size()) + " entries (" + state.begin()->first + ", ...)");
+  }
+}
+
+std::unique_ptr<Aggregation> make_aggregation(const BoundSpec& spec) { return spec.kind().make(spec); }
 
 }  // namespace gradzip

@@ -41,64 +41,113 @@ std::vector<at::Tensor> allgather_payloads(const std::vector<uint8_t>& mine, con
   return out;
 }
 
-// The residual on the host, where a state handed out or a CPU tensor needs it.
-void residual_to_host(TensorState& state) {
-  if (!state.device_residual.defined()) return;
-  const auto host = state.device_residual.to(at::kCPU).contiguous();
-  state.residual.assign(host.data_ptr<float>(), host.data_ptr<float>() + host.numel());
-  state.device_residual = at::Tensor();
+// The state's residual as a float32 tensor of n elements on `device` (zeros at first).
+at::Tensor& residual_on(CompressedState& state, const at::Device& device, int64_t n, const std::string& key) {
+  if (!state.residual.defined()) state.residual = at::zeros({n}, at::dtype(at::kFloat).device(device));
+  TORCH_CHECK(state.residual.numel() == n, "gradzip: the tensor keyed '", key, "' had ", state.residual.numel(),
+              " elements and now has ", n, "; a key must always name a tensor of the same size");
+  if (state.residual.device() != device) state.residual = state.residual.to(device);
+  return state.residual;
 }
-
-#ifdef GRADZIP_WITH_CUDA
-// The residual on `device` (zeros at first), for a CUDA tensor of n elements.
-at::Tensor& residual_on_device(TensorState& state, const at::Device& device, int64_t n, const std::string& key) {
-  if (state.device_residual.defined() && state.device_residual.device() != device) residual_to_host(state);
-  if (!state.device_residual.defined()) {
-    if (state.residual.empty()) {
-      state.device_residual = at::zeros({n}, at::dtype(at::kFloat).device(device));
-    } else {
-      state.device_residual =
-          at::from_blob(state.residual.data(), {static_cast<int64_t>(state.residual.size())}, at::kFloat).to(device);
-      state.residual.clear();
-    }
-  }
-  TORCH_CHECK(state.device_residual.numel() == n, "gradzip: the tensor keyed '", key, "' had ",
-              state.device_residual.numel(), " elements and now has ", n,
-              "; a key must always name a tensor of the same size");
-  return state.device_residual;
-}
-#endif
 
 }  // namespace
 
-const std::vector<std::string>& compressed_aggregation_keys() {
-  static const std::vector<std::string> keys = {"ef", "min_numel", "warmup", "seed"};
-  return keys;
+std::vector<SpecKey> compressed_aggregation_keys() {
+  return {SpecKey::boolean("ef", "",
+                           "error feedback: add what earlier steps did not send, keep what this step does not send "
+                           "(default: on for topk, stc, sign with vote=mean; off otherwise)"),
+          SpecKey::integer("min_numel", "0", 0, 9.2e18, "tensors with fewer elements go exact"),
+          SpecKey::integer("warmup", "0", 0, 9.2e18, "the first warmup all-reduces of each tensor go exact"),
+          SpecKey::integer("seed", "0", 0, 9.2e18,
+                           "seeds random-k's choice and QSGD's stochastic rounding (with the step and the rank)")};
 }
 
-CompressedAllreduce::CompressedAllreduce(const Spec& spec)
+void CompressedState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
+  if (residual.defined()) out[state_name(key, "residual")] = residual.to(at::kCPU).clone();
+  out[state_name(key, "calls")] = count_tensor(calls);
+  out[state_name(key, "step")] = count_tensor(static_cast<int64_t>(step));
+}
+
+void CompressedState::load(const std::string& field, const at::Tensor& value, const std::string& name) {
+  if (field == "residual") {
+    residual = float_state(value, name);
+  } else if (field == "calls") {
+    calls = count_of(value, name);
+  } else if (field == "step") {
+    step = static_cast<uint64_t>(count_of(value, name));
+  } else {
+    unknown_state_field(name);
+  }
+}
+
+CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
     : StatefulAggregation(spec),
-      parameters_(codec_parameters(spec)),
-      codec_(make_codec(spec)),
-      error_feedback_(spec.get_bool("ef", codec_->biased() && spec.get_string("vote", "mean") != "majority")),
-      majority_(spec.get_string("vote", "mean") == "majority"),
-      min_numel_(spec.get_int("min_numel", 0)),
-      warmup_(spec.get_int("warmup", 0)),
-      seed_(static_cast<uint64_t>(spec.get_int("seed", 0))) {
-  if (min_numel_ < 0) throw SpecError("gradzip: spec '" + spec.str() + "': min_numel must be >= 0");
-  if (warmup_ < 0) throw SpecError("gradzip: spec '" + spec.str() + "': warmup must be >= 0");
+      codec_(spec.codec()),
+      error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
+      majority_(codec_->parameters().majority),
+      min_numel_(spec.spec().get_int("min_numel", 0)),
+      warmup_(spec.spec().get_int("warmup", 0)),
+      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))) {}
+
+at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
+#ifdef GRADZIP_WITH_CUDA
+  if (tensor.is_cuda() && cuda::has_device_half(codec_->id())) return tensor.device();
+#endif
+  return at::Device(at::kCPU);
 }
 
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts,
                                                               const c10::intrusive_ptr<c10d::Backend>& transport,
                                                               Stats& stats, const std::string& key) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return run(tensors, opts, transport, stats, key, lock, states_[key]);
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector<at::Tensor>& tensors,
+                                                                     const c10d::AllreduceOptions& opts,
+                                                                     const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                                     Stats& stats,
+                                                                     const std::vector<TensorPiece>& pieces) {
+  TORCH_CHECK(tensors.size() == 1 && !pieces.empty(), "gradzip: all_reduce of pieces takes one tensor and its pieces");
+  int64_t total = 0;
+  for (const auto& piece : pieces) total += piece.numel;
+  TORCH_CHECK(total == tensors.front().numel(), "gradzip: the pieces hold ", total, " elements, the tensor ",
+              tensors.front().numel());
+  const at::Device device = residual_device(tensors.front());
+  std::unique_lock<std::mutex> lock(mutex_);
+  // One state for the whole tensor, assembled from the pieces' and returned to them.
+  CompressedState whole;
+  whole.calls = states_[pieces.front().key].calls;
+  whole.step = states_[pieces.front().key].step;
+  if (error_feedback_) {
+    std::vector<at::Tensor> parts;
+    for (const auto& piece : pieces) parts.push_back(residual_on(states_[piece.key], device, piece.numel, piece.key));
+    whole.residual = at::cat(parts);
+  }
+  const std::string key = pieces.front().key + " (and the rest of its bucket)";
+  auto work = run(tensors, opts, transport, stats, key, lock, whole);
+  lock.lock();
+  int64_t offset = 0;
+  for (const auto& piece : pieces) {
+    CompressedState& state = states_[piece.key];
+    state.calls = whole.calls;
+    state.step = whole.step;
+    if (error_feedback_) state.residual = whole.residual.narrow(0, offset, piece.numel).clone();
+    offset += piece.numel;
+  }
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>& tensors,
+                                                        const c10d::AllreduceOptions& opts,
+                                                        const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                        Stats& stats, const std::string& key,
+                                                        std::unique_lock<std::mutex>& lock, CompressedState& state) {
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   const auto op = opts.reduceOp.op_;
   const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
-  std::unique_lock<std::mutex> lock(mutex_);
-  TensorState& state = state_[key];
   const int64_t n = tensor.numel();
   const bool compress = compressible(tensor) && supported_op && n >= min_numel_ && state.calls >= warmup_;
   ++state.calls;
@@ -107,23 +156,17 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
     return exact_allreduce(tensors, opts, transport, stats);
   }
 #ifdef GRADZIP_WITH_CUDA
-  if (tensor.is_cuda() && cuda::has_device_codec(parameters_.id)) {
-    return allreduce_on_device(tensors, op, transport, stats, key, lock, state);
+  if (tensor.is_cuda() && cuda::has_device_half(codec_->id())) {
+    return run_on_device(tensors, op, transport, stats, key, lock, state);
   }
 #endif
-  if (error_feedback_) {
-    residual_to_host(state);
-    if (state.residual.empty()) state.residual.assign(n, 0.0f);
-    TORCH_CHECK(static_cast<int64_t>(state.residual.size()) == n, "gradzip: the tensor keyed '", key, "' had ",
-                state.residual.size(), " elements and now has ", n,
-                "; a key must always name a tensor of the same size");
-  }
+  float* residual = error_feedback_ ? residual_on(state, at::Device(at::kCPU), n, key).data_ptr<float>() : nullptr;
 
   const int ranks = transport->getSize();
   const auto input = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
   std::vector<uint8_t> payload;
   const EncodeContext ctx{seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  codec_->encode(input.data_ptr<float>(), n, error_feedback_ ? state.residual.data() : nullptr, ctx, payload);
+  codec_->encode(input.data_ptr<float>(), n, residual, ctx, payload);
   ++state.step;
   lock.unlock();
 
@@ -153,19 +196,19 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
 }
 
 #ifdef GRADZIP_WITH_CUDA
-c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_on_device(
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run_on_device(
     std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op, const c10::intrusive_ptr<c10d::Backend>& transport,
-    Stats& stats, const std::string& key, std::unique_lock<std::mutex>& lock, TensorState& state) {
+    Stats& stats, const std::string& key, std::unique_lock<std::mutex>& lock, CompressedState& state) {
   at::Tensor& tensor = tensors.front();
   const at::Device device = tensor.device();
   const c10::cuda::CUDAGuard guard(device);
   const int64_t n = tensor.numel();
   const int ranks = transport->getSize();
   at::Tensor residual;
-  if (error_feedback_) residual = residual_on_device(state, device, n, key);
+  if (error_feedback_) residual = residual_on(state, device, n, key);
   const auto input = tensor.detach().to(at::kFloat).contiguous();
   const EncodeContext ctx{seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  const at::Tensor payload = encode_on_device(parameters_, input, residual, ctx);
+  const at::Tensor payload = encode_on_device(*codec_, input, residual, ctx);
   ++state.step;
   lock.unlock();
 
@@ -186,7 +229,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_on_device(
   for (int r = 0; r < ranks; ++r) lengths[r] = static_cast<size_t>(sizes[r].item<int64_t>());
   auto sum = at::zeros({n}, at::dtype(at::kFloat).device(device));
   try {
-    decode_add_on_device(parameters_.id, all, stride, lengths, sum);
+    decode_add_on_device(codec_->id(), all, stride, lengths, sum);
   } catch (const cuda::RankPayloadError& e) {
     TORCH_CHECK(false, "gradzip: the payload of rank ", e.rank(), " for the tensor keyed '", key,
                 "' cannot be decoded: ", e.what());
@@ -201,21 +244,5 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_on_device(
   return completed_work(tensors);
 }
 #endif
-
-std::map<std::string, TensorState> CompressedAllreduce::state() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto out = state_;
-  for (auto& [key, s] : out) residual_to_host(s);
-  return out;
-}
-
-TensorState CompressedAllreduce::tensor_state(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = state_.find(key);
-  if (it == state_.end()) return {};
-  TensorState out = it->second;
-  residual_to_host(out);
-  return out;
-}
 
 }  // namespace gradzip

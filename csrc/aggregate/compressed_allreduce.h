@@ -23,30 +23,46 @@
 #pragma once
 
 #include "aggregate/stateful_aggregation.h"
-#include "codec/codec_base.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
 
-class CompressedAllreduce final : public StatefulAggregation {
+// One tensor's state: its residual (float32; on the CPU, or on the tensor's GPU when the
+// codec has a device half; undefined until first used), its calls and its encodes.
+struct CompressedState {
+  at::Tensor residual;
+  int64_t calls = 0;  // all-reduces so far, exact ones included
+  uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
+  void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
+  void load(const std::string& field, const at::Tensor& value, const std::string& name);
+};
+
+class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
  public:
-  explicit CompressedAllreduce(const Spec& spec);
+  explicit CompressedAllreduce(const BoundSpec& spec);
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                            const std::string& key) override;
-  // As StatefulAggregation's, with device-resident residuals copied to `residual` on the host.
-  std::map<std::string, TensorState> state() const override;
-  TensorState tensor_state(const std::string& key) const override;
+  c10::intrusive_ptr<c10d::Work> allreduce_pieces(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                                  const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                                  const std::vector<TensorPiece>& pieces) override;
 
  private:
-  c10::intrusive_ptr<c10d::Work> allreduce_on_device(std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op,
-                                                    const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                                    const std::string& key, std::unique_lock<std::mutex>& lock,
-                                                    TensorState& state);
+  // The all-reduce on `state`; `lock` holds mutex_ on entry and is released before any
+  // communication.
+  c10::intrusive_ptr<c10d::Work> run(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+                                     const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                     const std::string& key, std::unique_lock<std::mutex>& lock,
+                                     CompressedState& state);
+  c10::intrusive_ptr<c10d::Work> run_on_device(std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op,
+                                               const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                               const std::string& key, std::unique_lock<std::mutex>& lock,
+                                               CompressedState& state);
+  // Where this tensor's residual lives: its GPU when the codec has a device half, else the CPU.
+  at::Device residual_device(const at::Tensor& tensor) const;
 
-  CodecParameters parameters_;
-  std::unique_ptr<Codec> codec_;
+  std::shared_ptr<const Codec> codec_;
   bool error_feedback_;
   bool majority_;
   int64_t min_numel_;
@@ -55,6 +71,6 @@ class CompressedAllreduce final : public StatefulAggregation {
 };
 
 // The spec keys every compressed aggregation takes, besides its codec's.
-const std::vector<std::string>& compressed_aggregation_keys();
+std::vector<SpecKey> compressed_aggregation_keys();
 
 }  // namespace gradzip

@@ -10,7 +10,7 @@ namespace {
 
 // Device memory from torch's caching allocator, held until the arena goes: the
 // allocator orders any reuse after the work already queued on the stream.
-class TorchArena final : public cuda::DeviceArena {
+class TorchArena final : public DeviceArena {
  public:
   explicit TorchArena(at::Device device) : device_(device) {}
   void* allocate(size_t bytes) override {
@@ -37,7 +37,7 @@ void check_on_device(const at::Tensor& t, const at::Device& device, const char* 
 
 }  // namespace
 
-at::Tensor encode_on_device(const CodecParameters& codec, const at::Tensor& x, const at::Tensor& residual,
+at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
                             const EncodeContext& ctx) {
   TORCH_CHECK(x.is_cuda(), "gradzip: the GPU encoder takes a CUDA tensor, got one on ", x.device());
   check_on_device(x, x.device(), "the input");

@@ -6,15 +6,15 @@
 
 #include <vector>
 
-#include "codec/codec_base.h"
+#include "codec/codec_record.h"
 
 namespace gradzip {
 
-// Encodes x (a contiguous float32 CUDA tensor) on its device, as make_codec()->encode()
-// would on the CPU; `residual` (undefined: no error feedback) is a float32 tensor of
+// Encodes x (a contiguous float32 CUDA tensor) on its device, as codec.encode() would
+// on the CPU (the codec must have a device half); `residual` (undefined: no error feedback) is a float32 tensor of
 // x.numel() elements on the same device. Returns the payload: a uint8 CUDA tensor of
 // exactly its size, whose storage is rounded up to 8 bytes.
-at::Tensor encode_on_device(const CodecParameters& codec, const at::Tensor& x, const at::Tensor& residual,
+at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
                             const EncodeContext& ctx);
 
 // Adds the payloads stored in `gathered` (uint8, CUDA) at offsets r·stride, sizes[r]

@@ -13,7 +13,7 @@ c10::intrusive_ptr<c10d::Work> exact_allreduce(std::vector<at::Tensor>& tensors,
 
 class ExactAllreduce final : public Aggregation {
  public:
-  explicit ExactAllreduce(const Spec& spec) : Aggregation(spec) {}
+  explicit ExactAllreduce(const BoundSpec& spec) : Aggregation(spec) {}
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,

@@ -7,6 +7,7 @@
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/peer_exchange.h"
+#include "codec/codec_record.h"
 
 namespace gradzip {
 namespace {
@@ -51,83 +52,91 @@ int64_t bytes_received(const std::vector<PeerMessage>& messages) {
 }
 
 // What one gossip call runs on: the group, its graph, and this tensor's state and step.
+template <typename KeyState>
 struct GossipCall {
   int size;
   int rank;
   const Topology& topology;
-  TensorState& state;
+  KeyState& state;
   uint64_t step;
 };
 
-GossipCall begin_call(TopologyCache& topologies, std::mutex& mutex, std::map<std::string, TensorState>& states,
-                      const c10::intrusive_ptr<c10d::Backend>& transport, const std::string& key) {
+template <typename KeyState>
+GossipCall<KeyState> begin_call(TopologyCache& topologies, std::mutex& mutex, std::map<std::string, KeyState>& states,
+                                const c10::intrusive_ptr<c10d::Backend>& transport, const std::string& key) {
   const int size = transport->getSize();
   const Topology& topology = topologies.get(size);
   std::lock_guard<std::mutex> lock(mutex);
-  TensorState& state = states[key];
+  KeyState& state = states[key];
   const auto step = static_cast<uint64_t>(state.calls++);
   return {size, transport->getRank(), topology, state, step};
 }
 
+}  // namespace
+
+std::vector<SpecKey> topology_keys() {
+  return {SpecKey::choice("topology", "exp", Topology::names(), "the graph (table below)"),
+          SpecKey::choice("weights", "mh", {"mh", "uniform"},
+                          "mh: Metropolis-Hastings, 1/(1 + max(deg_i, deg_j)); uniform: 1/(1 + the largest degree)"),
+          SpecKey::text("edges", "", "topology=explicit only: the undirected edges, e.g. 0-1;1-2;2-3;3-0")};
+}
+
 void check_topology_spec(const Spec& spec) {
-  const auto name = spec.get_string("topology", "exp");
-  const auto& names = Topology::names();
-  if (std::find(names.begin(), names.end(), name) == names.end()) {
-    Topology(name, 1);  // throws the error that lists the valid names
-  }
-  const auto weights = spec.get_string("weights", "mh");
-  if (weights != "mh" && weights != "uniform") {
-    throw SpecError("gradzip: spec '" + spec.str() + "': weights must be 'mh' or 'uniform', got '" + weights + "'");
-  }
-  if ((name == "explicit") != spec.has("edges")) {
+  if ((spec.get_string("topology", "exp") == "explicit") != spec.has("edges")) {
     throw SpecError("gradzip: spec '" + spec.str() + "': topology=explicit takes its graph from edges=a-b;c-d;... "
                     "and edges are only for topology=explicit");
   }
 }
 
-// choco's codec: `compress` with the spec's remaining keys, which must all be that codec's.
-std::unique_ptr<Codec> choco_codec(const Spec& spec) {
-  Spec codec_spec{spec.get_string("compress", "sign"), {}};
-  const auto& kinds = codec_kinds();
-  auto kind = std::find_if(kinds.begin(), kinds.end(), [&](const CodecKind& k) { return k.name == codec_spec.name; });
-  if (kind == kinds.end()) {
-    std::string names;
-    for (const auto& k : kinds) names += (names.empty() ? "" : ", ") + k.name;
-    throw SpecError("gradzip: spec '" + spec.str() + "': compress='" + codec_spec.name + "' is not a codec; valid: " +
-                    names);
-  }
-  const auto& own = topology_keys();
-  for (const auto& [key, value] : spec.params) {
-    if (std::find(own.begin(), own.end(), key) != own.end() || key == "compress" || key == "gamma" || key == "seed") {
-      continue;
-    }
-    if (key == "vote" || std::find(kind->keys.begin(), kind->keys.end(), key) == kind->keys.end()) {
-      std::string valid;
-      for (const auto& k : kind->keys) valid += k == "vote" ? "" : (valid.empty() ? "" : ", ") + k;
-      throw SpecError("gradzip: spec '" + spec.str() + "': key '" + key + "' is not one of codec '" +
-                      codec_spec.name + "''s keys for choco (" + (valid.empty() ? "none" : valid) + ")");
-    }
-    codec_spec.params.emplace(key, value);
-  }
-  return make_codec(codec_spec);
-}
-
-}  // namespace
-
-const std::vector<std::string>& topology_keys() {
-  static const std::vector<std::string> keys = {"topology", "weights", "edges"};
+std::vector<SpecKey> choco_keys() {
+  std::vector<SpecKey> keys = topology_keys();
+  std::vector<std::string> codecs;
+  for (const auto* record : codec_records()) codecs.push_back(record->name);
+  keys.push_back(SpecKey::choice("compress", "sign", codecs, "the codec of the differences q = Q(x - x^); its keys follow"));
+  keys.push_back(SpecKey::number("gamma", "", 0.0, 1.0,
+                                 "required: the consensus step; the stronger the compression, the smaller"));
+  keys.push_back(SpecKey::integer("seed", "0", 0, 9.2e18, "seeds the codec's random draws"));
   return keys;
 }
 
-std::vector<std::string> choco_keys() {
-  std::vector<std::string> keys = topology_keys();
-  keys.insert(keys.end(), {"compress", "gamma", "seed"});
-  for (const auto& kind : codec_kinds()) {
-    for (const auto& key : kind.keys) {
-      if (key != "vote" && std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(key);
-    }
+void check_choco_spec(const Spec& spec) {
+  check_topology_spec(spec);
+  if (spec.get_string("topology", "exp") == "onepeer") {
+    throw SpecError("gradzip: spec '" + spec.str() + "': choco keeps public copies of fixed neighbours, and onepeer "
+                    "changes them every step; use ring, torus, exp, complete or explicit");
   }
-  return keys;
+  if (!spec.has("gamma")) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': choco needs gamma, its consensus step, in (0, 1]; the "
+                    "stronger the compression the smaller (e.g. 0.5 for sign, 0.05 for topk at density 0.01)");
+  }
+}
+
+void GossipState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
+  out[state_name(key, "calls")] = count_tensor(calls);
+}
+
+void GossipState::load(const std::string& field, const at::Tensor& value, const std::string& name) {
+  if (field != "calls") unknown_state_field(name);
+  calls = count_of(value, name);
+}
+
+void ChocoState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
+  out[state_name(key, "calls")] = count_tensor(calls);
+  for (const auto& [rank, copy] : public_copies) {
+    out[state_name(key, "public_copy_" + std::to_string(rank))] = copy.clone();
+  }
+}
+
+void ChocoState::load(const std::string& field, const at::Tensor& value, const std::string& name) {
+  const std::string prefix = "public_copy_";
+  if (field == "calls") {
+    calls = count_of(value, name);
+  } else if (field.rfind(prefix, 0) == 0 && field.size() > prefix.size() &&
+             field.find_first_not_of("0123456789", prefix.size()) == std::string::npos) {
+    public_copies[std::stoi(field.substr(prefix.size()))] = float_state(value, name);
+  } else {
+    unknown_state_field(name);
+  }
 }
 
 const Topology& TopologyCache::get(int size) {
@@ -137,9 +146,7 @@ const Topology& TopologyCache::get(int size) {
   return it->second;
 }
 
-GossipAverage::GossipAverage(const Spec& spec) : StatefulAggregation(spec), topologies_(spec) {
-  check_topology_spec(spec);
-}
+GossipAverage::GossipAverage(const BoundSpec& spec) : StatefulAggregation(spec), topologies_(spec.spec()) {}
 
 c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::AllreduceOptions& opts,
@@ -148,7 +155,7 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
-  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, state_, transport, key);
+  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, states_, transport, key);
   const auto& neighbours = topology.neighbours(rank, step);
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
@@ -185,22 +192,12 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   return completed_work(tensors);
 }
 
-ChocoGossip::ChocoGossip(const Spec& spec)
+ChocoGossip::ChocoGossip(const BoundSpec& spec)
     : StatefulAggregation(spec),
-      topologies_(spec),
-      codec_(choco_codec(spec)),
-      gamma_(spec.get_double("gamma", 0.0)),
-      seed_(static_cast<uint64_t>(spec.get_int("seed", 0))) {
-  check_topology_spec(spec);
-  if (spec.get_string("topology", "exp") == "onepeer") {
-    throw SpecError("gradzip: spec '" + spec.str() + "': choco keeps public copies of fixed neighbours, and onepeer "
-                    "changes them every step; use ring, torus, exp, complete or explicit");
-  }
-  if (!spec.has("gamma") || !(gamma_ > 0.0 && gamma_ <= 1.0)) {
-    throw SpecError("gradzip: spec '" + spec.str() + "': choco needs gamma, its consensus step, in (0, 1]; the "
-                    "stronger the compression the smaller (e.g. 0.5 for sign, 0.05 for topk at density 0.01)");
-  }
-}
+      topologies_(spec.spec()),
+      codec_(spec.codec()),
+      gamma_(spec.spec().get_double("gamma", 0.0)),
+      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))) {}
 
 c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts,
@@ -209,18 +206,18 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
-  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, state_, transport, key);
+  const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, states_, transport, key);
   const int64_t n = tensor.numel();
   const auto& neighbours = topology.neighbours(rank, step);
   auto& copies = state.public_copies;
-  auto copy_of = [&](int owner) -> std::vector<float>& {
+  auto copy_of = [&](int owner) -> float* {
     auto& copy = copies[owner];
-    if (copy.empty()) copy.assign(n, 0.0f);
-    TORCH_CHECK(static_cast<int64_t>(copy.size()) == n, "gradzip: the tensor keyed '", key, "' had ", copy.size(),
+    if (!copy.defined()) copy = at::zeros({n}, at::kFloat);
+    TORCH_CHECK(copy.numel() == n, "gradzip: the tensor keyed '", key, "' had ", copy.numel(),
                 " elements and now has ", n, "; a key must always name a tensor of the same size");
-    return copy;
+    return copy.data_ptr<float>();
   };
-  std::vector<float>& mine = copy_of(rank);
+  float* mine = copy_of(rank);
 
   // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.
   const auto x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
@@ -235,11 +232,11 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
   check_peers(messages, header, rank, key);
 
-  codec_->decode_add(payload.data(), payload.size(), mine.data(), n);
+  codec_->decode_add(payload.data(), payload.size(), mine, n);
   for (const auto& m : messages) {
     const auto received = m.bytes.cpu();
     try {
-      codec_->decode_add(received.data_ptr<uint8_t>(), received.numel(), copy_of(m.rank).data(), n);
+      codec_->decode_add(received.data_ptr<uint8_t>(), received.numel(), copy_of(m.rank), n);
     } catch (const PayloadError& e) {
       TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", key,
                   "' cannot be decoded: ", e.what());
@@ -251,7 +248,7 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   float* d = delta.data_ptr<float>();
   for (const auto& neighbour : neighbours) {
     const float w = static_cast<float>(neighbour.weight);
-    const float* theirs = copies[neighbour.rank].data();
+    const float* theirs = copies[neighbour.rank].data_ptr<float>();
     for (int64_t i = 0; i < n; ++i) d[i] += w * (theirs[i] - mine[i]);
   }
   tensor.add_(delta.view(tensor.sizes()).to(tensor.device(), tensor.scalar_type()), gamma_);

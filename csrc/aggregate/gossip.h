@@ -38,9 +38,24 @@ class TopologyCache {
   std::map<int, Topology> topologies_;
 };
 
-class GossipAverage final : public StatefulAggregation {
+// gossip's state per tensor: the calls so far (a time-varying graph's step).
+struct GossipState {
+  int64_t calls = 0;
+  void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
+  void load(const std::string& field, const at::Tensor& value, const std::string& name);
+};
+
+// choco's: the calls, and the fp32 public copies x^ of this rank and its neighbours.
+struct ChocoState {
+  int64_t calls = 0;
+  std::map<int, at::Tensor> public_copies;
+  void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
+  void load(const std::string& field, const at::Tensor& value, const std::string& name);
+};
+
+class GossipAverage final : public StatefulAggregation<GossipState> {
  public:
-  explicit GossipAverage(const Spec& spec);
+  explicit GossipAverage(const BoundSpec& spec);
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
@@ -50,9 +65,9 @@ class GossipAverage final : public StatefulAggregation {
   TopologyCache topologies_;
 };
 
-class ChocoGossip final : public StatefulAggregation {
+class ChocoGossip final : public StatefulAggregation<ChocoState> {
  public:
-  explicit ChocoGossip(const Spec& spec);
+  explicit ChocoGossip(const BoundSpec& spec);
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
@@ -60,14 +75,16 @@ class ChocoGossip final : public StatefulAggregation {
 
  private:
   TopologyCache topologies_;
-  std::unique_ptr<Codec> codec_;
+  std::shared_ptr<const Codec> codec_;
   double gamma_;
   uint64_t seed_;
 };
 
-// The spec keys of the graph: topology, weights, edges.
-const std::vector<std::string>& topology_keys();
-// choco's keys: the graph's, compress, gamma, seed, and every codec's keys.
-std::vector<std::string> choco_keys();
+// The spec keys of the graph (topology, weights, edges) and the rules between them.
+std::vector<SpecKey> topology_keys();
+void check_topology_spec(const Spec& spec);
+// choco's own keys: the graph's, compress, gamma, seed (the codec's come from its record).
+std::vector<SpecKey> choco_keys();
+void check_choco_spec(const Spec& spec);
 
 }  // namespace gradzip

@@ -1,5 +1,9 @@
-// StatefulAggregation: an Aggregation that keeps a TensorState per key, behind a mutex,
-// and saves and restores all of it (state()/load_state()) or one key's.
+// StatefulAggregation: an Aggregation that keeps a KeyState per logical tensor (by the
+// caller's key), behind a mutex, and hands it out and takes it back as named tensors,
+// "<key>/<field>". A KeyState has
+//   void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
+//   void load(const std::string& field, const at::Tensor& value, const std::string& name);
+// where load() throws std::invalid_argument for a field it does not know.
 #pragma once
 
 #include <map>
@@ -9,32 +13,41 @@
 
 namespace gradzip {
 
+std::string state_name(const std::string& key, const std::string& field);
+// The key and the field of a state name; throws std::invalid_argument without a '/'.
+std::pair<std::string, std::string> split_state_name(const std::string& name);
+// A count as a one-element int64 tensor, and back (checked).
+at::Tensor count_tensor(int64_t count);
+int64_t count_of(const at::Tensor& value, const std::string& name);
+// A float32 CPU copy of a state tensor (checked: floating, one dimension).
+at::Tensor float_state(const at::Tensor& value, const std::string& name);
+[[noreturn]] void unknown_state_field(const std::string& name);
+
+template <typename KeyState>
 class StatefulAggregation : public Aggregation {
  public:
   using Aggregation::Aggregation;
 
-  std::map<std::string, TensorState> state() const override {
+  std::map<std::string, at::Tensor> state_dict() const override {
     std::lock_guard<std::mutex> lock(mutex_);
-    return state_;
+    std::map<std::string, at::Tensor> out;
+    for (const auto& [key, state] : states_) state.save(key, out);
+    return out;
   }
-  void load_state(std::map<std::string, TensorState> state) override {
+  void load_state_dict(const std::map<std::string, at::Tensor>& state) override {
+    std::map<std::string, KeyState> loaded;
+    for (const auto& [name, value] : state) {
+      const auto [key, field] = split_state_name(name);
+      loaded[key].load(field, value, name);
+    }
     std::lock_guard<std::mutex> lock(mutex_);
-    state_ = std::move(state);
-  }
-  TensorState tensor_state(const std::string& key) const override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    auto it = state_.find(key);
-    return it == state_.end() ? TensorState{} : it->second;
-  }
-  void set_tensor_state(const std::string& key, TensorState state) override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    state_[key] = std::move(state);
+    states_ = std::move(loaded);
   }
 
  protected:
-  // Guards state_; an entry's address stays valid while other keys are added.
+  // Guards states_; an entry's address stays valid while other keys are added.
   mutable std::mutex mutex_;
-  std::map<std::string, TensorState> state_;
+  std::map<std::string, KeyState> states_;
 };
 
 }  // namespace gradzip

@@ -1,4 +1,4 @@
-#include "gradzip/backend.h"
+#include "c10d/gradzip_backend.h"
 
 #include <c10/util/Exception.h>
 
@@ -32,10 +32,10 @@ std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64
 
 }  // namespace
 
-Backend::Backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
-                 c10::intrusive_ptr<c10d::Backend> cuda_transport, const Spec& spec, bool validate,
-                 std::chrono::milliseconds timeout)
-    : c10d::Backend(rank, size),
+GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
+                               c10::intrusive_ptr<c10d::Backend> cuda_transport, const BoundSpec& spec, bool validate,
+                               std::chrono::milliseconds timeout)
+    : Backend(rank, size),
       cpu_(std::move(cpu_transport)),
       cuda_(std::move(cuda_transport)),
       aggregation_(make_aggregation(spec)),
@@ -49,15 +49,22 @@ Backend::Backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_trans
   if (validate) check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
 }
 
-Backend::~Backend() = default;
+GradzipBackend::~GradzipBackend() = default;
 
-void Backend::setTimeout(std::chrono::milliseconds timeout) {
+c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
+                                         c10::intrusive_ptr<c10d::Backend> cuda_transport, const BoundSpec& spec,
+                                         bool validate, std::chrono::milliseconds timeout) {
+  return c10::make_intrusive<GradzipBackend>(rank, size, std::move(cpu_transport), std::move(cuda_transport), spec,
+                                             validate, timeout);
+}
+
+void GradzipBackend::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   cpu_->setTimeout(timeout);
   if (cuda_) cuda_->setTimeout(timeout);
 }
 
-const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const at::Tensor& tensor,
+const c10::intrusive_ptr<c10d::Backend>& GradzipBackend::transport_for(const at::Tensor& tensor,
                                                                 const char* op) const {
   TORCH_CHECK(!closed_.load(), "gradzip: ", op, " on a process group that was shut down or aborted");
   switch (tensor.device().type()) {
@@ -73,7 +80,7 @@ const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const at::Tensor
   }
 }
 
-const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const std::vector<at::Tensor>& tensors,
+const c10::intrusive_ptr<c10d::Backend>& GradzipBackend::transport_for(const std::vector<at::Tensor>& tensors,
                                                                 const char* op) const {
   TORCH_CHECK(!tensors.empty(), "gradzip: ", op, " got no tensors");
   for (const auto& t : tensors) {
@@ -84,11 +91,11 @@ const c10::intrusive_ptr<c10d::Backend>& Backend::transport_for(const std::vecto
   return transport_for(tensors.front(), op);
 }
 
-void Backend::verify(const CollectiveCall& call) {
+void GradzipBackend::verify(const CollectiveCall& call) {
   if (check_) check_->verify(call);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::broadcast(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                   const c10d::BroadcastOptions& opts) {
   const auto& transport = transport_for(tensors, "broadcast");
   auto call = CollectiveCall::of("broadcast", tensors);
@@ -97,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> Backend::broadcast(std::vector<at::Tensor>& tenso
   return transport->broadcast(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allreduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) {
   const auto& transport = transport_for(tensors, "all_reduce");
   auto call = CollectiveCall::of("all_reduce", tensors);
@@ -106,7 +113,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce(std::vector<at::Tensor>& tenso
   return aggregation_->allreduce(tensors, opts, transport, stats_, identity_->key(tensors.front()));
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
                                                          const c10d::AllreduceOptions& opts) {
   const auto& transport = transport_for(tensors, "all_reduce (sparse)");
   auto call = CollectiveCall::of("all_reduce_sparse", tensors);
@@ -116,7 +123,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_sparse(std::vector<at::Tensor>
   return transport->allreduce_sparse(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceCoalescedOptions& opts) {
   const auto& transport = transport_for(tensors, "all_reduce_coalesced");
   auto call = CollectiveCall::of("all_reduce_coalesced", tensors);
@@ -125,7 +132,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allreduce_coalesced(std::vector<at::Tens
   return transport->allreduce_coalesced(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::reduce(std::vector<at::Tensor>& tensors,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::reduce(std::vector<at::Tensor>& tensors,
                                                const c10d::ReduceOptions& opts) {
   const auto& transport = transport_for(tensors, "reduce");
   auto call = CollectiveCall::of("reduce", tensors);
@@ -135,7 +142,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce(std::vector<at::Tensor>& tensors,
   return transport->reduce(tensors, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                   std::vector<at::Tensor>& inputs,
                                                   const c10d::AllgatherOptions& opts) {
   const auto& transport = transport_for(inputs, "all_gather");
@@ -143,14 +150,14 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather(std::vector<std::vector<at::Te
   return transport->allgather(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::_allgather_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                         const c10d::AllgatherOptions& opts) {
   const auto& transport = transport_for(input, "all_gather_into_tensor");
   verify(CollectiveCall::of("all_gather_into_tensor", {input}));
   return transport->_allgather_base(output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
   const auto& transport = transport_for(inputs, "all_gather_coalesced");
@@ -158,7 +165,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_coalesced(std::vector<std::vec
   return transport->allgather_coalesced(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                         std::vector<at::Tensor>& inputs,
                                                                         const c10d::AllgatherOptions& opts) {
   const auto& transport = transport_for(inputs, "all_gather_into_tensor_coalesced");
@@ -166,7 +173,7 @@ c10::intrusive_ptr<c10d::Work> Backend::allgather_into_tensor_coalesced(std::vec
   return transport->allgather_into_tensor_coalesced(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                std::vector<at::Tensor>& inputs,
                                                const c10d::GatherOptions& opts) {
   const auto& transport = transport_for(inputs, "gather");
@@ -176,7 +183,7 @@ c10::intrusive_ptr<c10d::Work> Backend::gather(std::vector<std::vector<at::Tenso
   return transport->gather(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ScatterOptions& opts) {
   const auto& transport = transport_for(outputs, "scatter");
@@ -186,7 +193,7 @@ c10::intrusive_ptr<c10d::Work> Backend::scatter(std::vector<at::Tensor>& outputs
   return transport->scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                        std::vector<std::vector<at::Tensor>>& inputs,
                                                        const c10d::ReduceScatterOptions& opts) {
   const auto& transport = transport_for(outputs, "reduce_scatter");
@@ -196,7 +203,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter(std::vector<at::Tensor>& 
   return transport->reduce_scatter(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::ReduceScatterOptions& opts) {
   const auto& transport = transport_for(output, "reduce_scatter_tensor");
   auto call = CollectiveCall::of("reduce_scatter_tensor", {output});
@@ -205,7 +212,7 @@ c10::intrusive_ptr<c10d::Work> Backend::_reduce_scatter_base(at::Tensor& output,
   return transport->_reduce_scatter_base(output, input, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
+c10::intrusive_ptr<c10d::Work> GradzipBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
   const auto& transport = transport_for(outputs, "reduce_scatter_tensor_coalesced");
   auto call = CollectiveCall::of("reduce_scatter_tensor_coalesced", outputs);
@@ -214,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> Backend::reduce_scatter_tensor_coalesced(
   return transport->reduce_scatter_tensor_coalesced(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(at::Tensor& output, at::Tensor& input,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                       std::vector<int64_t>& output_split_sizes,
                                                       std::vector<int64_t>& input_split_sizes,
                                                       const c10d::AllToAllOptions& opts) {
@@ -228,7 +235,7 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall_base(at::Tensor& output, at::Te
   return transport->alltoall_base(output, input, output_split_sizes, input_split_sizes, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::alltoall(std::vector<at::Tensor>& outputs,
+c10::intrusive_ptr<c10d::Work> GradzipBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                  std::vector<at::Tensor>& inputs,
                                                  const c10d::AllToAllOptions& opts) {
   const auto& transport = transport_for(inputs, "all_to_all");
@@ -244,19 +251,19 @@ c10::intrusive_ptr<c10d::Work> Backend::alltoall(std::vector<at::Tensor>& output
   return transport->alltoall(outputs, inputs, opts);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> GradzipBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   return transport_for(tensors, "send")->send(tensors, dst_rank, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+c10::intrusive_ptr<c10d::Work> GradzipBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   return transport_for(tensors, "recv")->recv(tensors, src_rank, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+c10::intrusive_ptr<c10d::Work> GradzipBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   return transport_for(tensors, "recv")->recvAnysource(tensors, tag);
 }
 
-c10::intrusive_ptr<c10d::Work> Backend::barrier(const c10d::BarrierOptions& opts) {
+c10::intrusive_ptr<c10d::Work> GradzipBackend::barrier(const c10d::BarrierOptions& opts) {
   TORCH_CHECK(!closed_.load(), "gradzip: barrier on a process group that was shut down or aborted");
   CollectiveCall call;
   call.op = "barrier";
@@ -264,22 +271,22 @@ c10::intrusive_ptr<c10d::Work> Backend::barrier(const c10d::BarrierOptions& opts
   return cpu_->barrier(opts);
 }
 
-void Backend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
+void GradzipBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   TORCH_CHECK(!closed_.load(), "gradzip: monitored_barrier on a process group that was shut down or aborted");
   cpu_->monitoredBarrier(opts, wait_all_ranks);
 }
 
-uint64_t Backend::getSequenceNumberForGroup() {
+uint64_t GradzipBackend::getSequenceNumberForGroup() {
   return cpu_->getSequenceNumberForGroup();
 }
 
-void Backend::shutdown() {
+void GradzipBackend::shutdown() {
   if (closed_.exchange(true)) return;
   cpu_->shutdown();
   if (cuda_) cuda_->shutdown();
 }
 
-void Backend::abort() {
+void GradzipBackend::abort() {
   if (closed_.exchange(true)) return;
   cpu_->abort();
   if (cuda_) cuda_->abort();

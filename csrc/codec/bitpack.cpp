@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 
 namespace gradzip::bitpack {
 namespace {

@@ -3,23 +3,23 @@
 // the scalar math), chosen at run time.
 #include <immintrin.h>
 
+#include "codec/cast_codecs.h"
 #include "codec/codec_base.h"
+#include "codec/element_math.cuh"
 #include "codec/wire.h"
-#include "element_math.cuh"
 
 namespace gradzip {
 namespace {
 
-class IdentityCodec final : public CodecBase {
+class IdentityCodec final : public ValueCodec {
  public:
-  CodecId id() const override { return CodecId::kIdentity; }
-  std::string name() const override { return "identity"; }
+  using ValueCodec::ValueCodec;
   bool biased() const override { return false; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "identity");
     r.header(id(), n);
-    const uint8_t* values = r.take(static_cast<uint64_t>(n) * 4, "values");
+    const uint8_t* values = r.at(r.take(static_cast<uint64_t>(n) * 4, "values"));
     r.finish();
     for (int64_t i = 0; i < n; ++i) {
       float v;
@@ -59,16 +59,15 @@ __attribute__((target("f16c,avx"))) int64_t add_half_f16c(const uint8_t* values,
 
 // Half-width floats; To16/From16 convert one element.
 template <CodecId kId, uint16_t (*To16)(float), float (*From16)(uint16_t)>
-class HalfCodec final : public CodecBase {
+class HalfCodec final : public ValueCodec {
  public:
-  CodecId id() const override { return kId; }
-  std::string name() const override { return kId == CodecId::kFp16 ? "fp16" : "bf16"; }
+  using ValueCodec::ValueCodec;
   bool biased() const override { return false; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, kId == CodecId::kFp16 ? "fp16" : "bf16");
     r.header(id(), n);
-    const uint8_t* values = r.take(static_cast<uint64_t>(n) * 2, "values");
+    const uint8_t* values = r.at(r.take(static_cast<uint64_t>(n) * 2, "values"));
     r.finish();
     int64_t i = kId == CodecId::kFp16 && kHasF16c ? add_half_f16c(values, n, scale, out) : 0;
     for (; i < n; ++i) {
@@ -95,14 +94,46 @@ float from_half(uint16_t h) { return math::half_to_float(h); }
 uint16_t to_bf16(float x) { return math::float_to_bf16(x); }
 float from_bf16(uint16_t b) { return math::bf16_to_float(b); }
 
+CodecParameters no_keys(CodecId id, const Spec&) {
+  CodecParameters p;
+  p.id = id;
+  return p;
+}
+
 }  // namespace
 
-std::unique_ptr<Codec> make_identity_codec() { return std::make_unique<IdentityCodec>(); }
-std::unique_ptr<Codec> make_fp16_codec() {
-  return std::make_unique<HalfCodec<CodecId::kFp16, to_half, from_half>>();
+const CodecRecord& identity_record() {
+  static const CodecRecord record = {
+      CodecId::kIdentity, "identity", "every element as fp32 (no compression)", {},
+      [](const Spec& spec) { return no_keys(CodecId::kIdentity, spec); },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<IdentityCodec>(p); },
+      nullptr,
+  };
+  return record;
 }
-std::unique_ptr<Codec> make_bf16_codec() {
-  return std::make_unique<HalfCodec<CodecId::kBf16, to_bf16, from_bf16>>();
+
+const CodecRecord& fp16_record() {
+  static const CodecRecord record = {
+      CodecId::kFp16, "fp16", "every element as IEEE half (2 bytes)", {},
+      [](const Spec& spec) { return no_keys(CodecId::kFp16, spec); },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> {
+        return std::make_unique<HalfCodec<CodecId::kFp16, to_half, from_half>>(p);
+      },
+      nullptr,
+  };
+  return record;
+}
+
+const CodecRecord& bf16_record() {
+  static const CodecRecord record = {
+      CodecId::kBf16, "bf16", "every element as bfloat16 (2 bytes)", {},
+      [](const Spec& spec) { return no_keys(CodecId::kBf16, spec); },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> {
+        return std::make_unique<HalfCodec<CodecId::kBf16, to_bf16, from_bf16>>(p);
+      },
+      nullptr,
+  };
+  return record;
 }
 
 }  // namespace gradzip

@@ -4,8 +4,8 @@
 
 namespace gradzip {
 
-void CodecBase::encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
-                       std::vector<uint8_t>& out) const {
+void ValueCodec::encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
+                        std::vector<uint8_t>& out) const {
   const size_t start = out.size();
   if (residual == nullptr) {
     encode_values(x, n, ctx, out);

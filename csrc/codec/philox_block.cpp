@@ -5,7 +5,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 
 namespace gradzip {
 namespace {

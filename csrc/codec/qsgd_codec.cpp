@@ -1,51 +1,55 @@
-// qsgd (Alistarh et al., 2017): per bucket of d elements with norm ‖v‖ (L2, or max),
-// each element becomes sign·‖v‖·ξ/s with ξ in 0..s drawn so that E[ξ] = s·|v_i|/‖v‖:
-// unbiased. The random numbers come from Philox4x32-10 keyed by the seed and counted
-// by (element, step, rank), one draw per four elements: runs are reproducible and the
-// ranks draw independently.
-// Body: u8 code width w, u16 levels s, u8 norm (0 L2, 1 max), u32 bucket d,
-// ceil(n/d) fp32 norms, then n codes of w bits: level in the low w−1 bits, sign (1 =
-// negative) in the top bit.
 #include <cmath>
 
 #include "codec/bitpack.h"
 #include "codec/codec_base.h"
+#include "codec/element_math.cuh"
 #include "codec/philox_block.h"
-#include "codec/wire.h"
-#include "element_math.cuh"
+#include "codec/qsgd_codec.h"
 
 namespace gradzip {
-namespace {
 
-int code_width(int levels) {
+int qsgd_code_width(int levels) {
   int bits = 1;
   while ((1 << bits) - 1 < levels) ++bits;
   return bits + 1;  // + the sign bit
 }
 
-class QsgdCodec final : public CodecBase {
+QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kQsgd, n);
+  QsgdLayout layout;
+  layout.width = r.get<uint8_t>("code width");
+  layout.levels = r.get<uint16_t>("levels");
+  const uint8_t norm = r.get<uint8_t>("norm");
+  layout.bucket = r.get<uint32_t>("bucket");
+  if (layout.levels < 1 || layout.levels > 32767 || layout.width != qsgd_code_width(static_cast<int>(layout.levels))) {
+    r.fail("levels " + std::to_string(layout.levels) + " with code width " + std::to_string(layout.width));
+  }
+  if (norm > 1) r.fail("unknown norm " + std::to_string(norm));
+  if (layout.bucket == 0) r.fail("bucket size 0");
+  layout.max_norm = norm == 1;
+  layout.buckets = (static_cast<uint64_t>(n) + layout.bucket - 1) / layout.bucket;
+  layout.norms = r.take(layout.buckets * 4, "bucket norms");
+  layout.codes = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * layout.width), "codes");
+  r.finish();
+  return layout;
+}
+
+namespace {
+
+class QsgdCodec final : public ValueCodec {
  public:
-  QsgdCodec(int levels, int64_t bucket, bool max_norm) : levels_(levels), bucket_(bucket), max_norm_(max_norm) {}
-  CodecId id() const override { return CodecId::kQsgd; }
-  std::string name() const override { return "qsgd"; }
+  explicit QsgdCodec(const CodecParameters& p)
+      : ValueCodec(p), levels_(p.levels), bucket_(p.bucket), max_norm_(p.max_norm) {}
   bool biased() const override { return false; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "qsgd");
-    r.header(id(), n);
-    const int width = r.get<uint8_t>("code width");
-    const uint32_t levels = r.get<uint16_t>("levels");
-    const uint8_t norm = r.get<uint8_t>("norm");
-    const uint32_t bucket = r.get<uint32_t>("bucket");
-    if (levels < 1 || levels > 32767 || width != code_width(static_cast<int>(levels))) {
-      r.fail("levels " + std::to_string(levels) + " with code width " + std::to_string(width));
-    }
-    if (norm > 1) r.fail("unknown norm " + std::to_string(norm));
-    if (bucket == 0) r.fail("bucket size 0");
-    const uint64_t buckets = (static_cast<uint64_t>(n) + bucket - 1) / bucket;
-    const uint8_t* norms = r.take(buckets * 4, "bucket norms");
-    const uint8_t* packed = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * width), "codes");
-    r.finish();
+    const QsgdLayout layout = read_qsgd_layout(r, n);
+    const int width = layout.width;
+    const uint32_t levels = layout.levels, bucket = layout.bucket;
+    const uint64_t buckets = layout.buckets;
+    const uint8_t* norms = r.at(layout.norms);
+    const uint8_t* packed = r.at(layout.codes);
     std::vector<uint16_t> codes(std::min<int64_t>(n, bucket));
     const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
     for (uint64_t b = 0; b < buckets; ++b) {
@@ -67,7 +71,7 @@ class QsgdCodec final : public CodecBase {
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    const int width = code_width(levels_);
+    const int width = qsgd_code_width(levels_);
     const int64_t buckets = (n + bucket_ - 1) / bucket_;
     wire::Writer w(out);
     w.header(id(), n);
@@ -171,8 +175,31 @@ class QsgdCodec final : public CodecBase {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_qsgd_codec(int levels, int64_t bucket, bool max_norm) {
-  return std::make_unique<QsgdCodec>(levels, bucket, max_norm);
+const CodecRecord& qsgd_record() {
+  static const CodecRecord record = {
+      CodecId::kQsgd,
+      "qsgd",
+      "stochastic quantization to s levels per bucket: bits (incl. sign) or levels, bucket, norm=l2|max",
+      {SpecKey::integer("bits", "4", 2, 16, "bits per element, the sign included: s = 2^(bits-1) - 1 levels"),
+       SpecKey::integer("levels", "", 1, 32767, "the number of levels s, instead of bits (levels=1, norm=max: TernGrad)"),
+       SpecKey::integer("bucket", "512", 1, 1 << 30, "elements per norm"),
+       SpecKey::choice("norm", "l2", {"l2", "max"}, "the bucket norm the levels divide")},
+      [](const Spec& spec) {
+        if (spec.has("bits") && spec.has("levels")) {
+          throw SpecError("gradzip: spec '" + spec.str() + "': give bits or levels, not both");
+        }
+        CodecParameters p;
+        p.id = CodecId::kQsgd;
+        p.levels = spec.has("levels") ? static_cast<int>(spec.get_int("levels", 7))
+                                      : static_cast<int>((int64_t{1} << (spec.get_int("bits", 4) - 1)) - 1);
+        p.bucket = spec.get_int("bucket", 512);
+        p.max_norm = spec.get_string("norm", "l2") == "max";
+        return p;
+      },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<QsgdCodec>(p); },
+      GRADZIP_DEVICE_HALF(kQsgdDevice),
+  };
+  return record;
 }
 
 }  // namespace gradzip

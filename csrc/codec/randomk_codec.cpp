@@ -1,12 +1,12 @@
-// randomk: k = ceil(density·n) entries chosen by (seed, step), the same on every rank,
-// so only their values travel; with unbiased=1 they are scaled by n/k.
-// Body: u64 k, u64 seed, u64 step, f32 value scale, k fp32 values (ascending index order).
+#include "codec/randomk_codec.h"
+
 #include <algorithm>
 #include <unordered_set>
 
 #include "codec/codec_base.h"
+#include "codec/element_math.cuh"
+#include "codec/selection_codec.h"
 #include "codec/wire.h"
-#include "element_math.cuh"
 
 namespace gradzip {
 namespace {
@@ -30,11 +30,9 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_
   return chosen;
 }
 
-class RandomKCodec final : public CodecBase {
+class RandomKCodec final : public ValueCodec {
  public:
-  RandomKCodec(double density, bool unbiased) : density_(density), unbiased_(unbiased) {}
-  CodecId id() const override { return CodecId::kRandomK; }
-  std::string name() const override { return "randomk"; }
+  explicit RandomKCodec(const CodecParameters& p) : ValueCodec(p), density_(p.density), unbiased_(p.unbiased) {}
   bool biased() const override { return !unbiased_; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
@@ -44,7 +42,7 @@ class RandomKCodec final : public CodecBase {
     const uint64_t seed = r.get<uint64_t>("seed");
     const uint64_t step = r.get<uint64_t>("step");
     const float value_scale = r.get<float>("value scale");
-    const uint8_t* values = r.take(k * 4, "values");
+    const uint8_t* values = r.at(r.take(k * 4, "values"));
     r.finish();
     const auto chosen = sample_indices(n, static_cast<int64_t>(k), seed, step);
     for (uint64_t j = 0; j < k; ++j) {
@@ -75,8 +73,24 @@ class RandomKCodec final : public CodecBase {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_randomk_codec(double density, bool unbiased) {
-  return std::make_unique<RandomKCodec>(density, unbiased);
+const CodecRecord& randomk_record() {
+  static const CodecRecord record = {
+      CodecId::kRandomK,
+      "randomk",
+      "ceil(density·n) elements chosen by a seed shared by all ranks; unbiased=1 scales by n/k",
+      {selection_keys().front(),
+       SpecKey::boolean("unbiased", "1", "scale the values by n/k, so the estimate is unbiased")},
+      [](const Spec& spec) {
+        CodecParameters p;
+        p.id = CodecId::kRandomK;
+        p.density = spec.get_double("density", 0.01);
+        p.unbiased = spec.get_bool("unbiased", true);
+        return p;
+      },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<RandomKCodec>(p); },
+      nullptr,
+  };
+  return record;
 }
 
 }  // namespace gradzip

@@ -9,17 +9,17 @@
 
 namespace gradzip {
 
-class SelectionCodec : public Codec {
+class SelectionCodec : public CodecBase {
  public:
-  SelectionCodec(double density, bool approx) : density_(density), approx_(approx) {}
+  using CodecBase::CodecBase;
   bool biased() const final { return true; }
 
   void encode(const float* x, int64_t n, float* residual, const EncodeContext&,
               std::vector<uint8_t>& out) const final {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
-    const int64_t k = count_for_density(density_, n);
-    approx_ ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
+    const int64_t k = count_for_density(parameters_.density, n);
+    parameters_.approx ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
     write(residual ? residual : x, n, chosen, out);
     if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
   }
@@ -27,10 +27,10 @@ class SelectionCodec : public Codec {
  protected:
   // Appends the payload (header included) of u's entries at `chosen` (ascending).
   virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
-
- private:
-  double density_;
-  bool approx_;
 };
+
+// density and approx: the keys of every selection codec.
+std::vector<SpecKey> selection_keys();
+CodecParameters parse_selection(CodecId id, const Spec& spec);
 
 }  // namespace gradzip

@@ -1,32 +1,36 @@
-// sign: one bit per element (1 = non-negative, so +0 and +NaN vote +1). With block > 0
-// (EF-SignSGD, Karimireddy et al. 2019) each block of `block` elements also carries its
-// scale ‖u_block‖₁ / |block| and decodes to ±scale; with block = 0 (signSGD, Bernstein
-// et al. 2018) it decodes to ±1, for majority vote.
-// Body: u32 block, ceil(n/block) fp32 scales (block > 0 only), ceil(n/8) bytes of bits.
 #include <cmath>
 
 #include "codec/bitpack.h"
 #include "codec/codec_base.h"
-#include "codec/wire.h"
+#include "codec/sign_codec.h"
 
 namespace gradzip {
+
+SignLayout read_sign_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kSign, n);
+  SignLayout layout;
+  layout.block = r.get<uint32_t>("block");
+  layout.blocks = layout.block ? (static_cast<uint64_t>(n) + layout.block - 1) / layout.block : 0;
+  layout.scales = r.take(layout.blocks * 4, "block scales");
+  layout.bits = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n)), "sign bits");
+  r.finish();
+  return layout;
+}
+
 namespace {
 
-class SignCodec final : public CodecBase {
+class SignCodec final : public ValueCodec {
  public:
-  explicit SignCodec(int64_t block) : block_(block) {}
-  CodecId id() const override { return CodecId::kSign; }
-  std::string name() const override { return "sign"; }
-  bool biased() const override { return true; }
+  explicit SignCodec(const CodecParameters& p) : ValueCodec(p), block_(p.block) {}
+  bool biased() const override { return !parameters_.majority; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "sign");
-    r.header(id(), n);
-    const uint32_t block = r.get<uint32_t>("block");
-    const uint64_t blocks = block ? (static_cast<uint64_t>(n) + block - 1) / block : 0;
-    const uint8_t* scales = r.take(blocks * 4, "block scales");
-    const uint8_t* bits = r.take(wire::bytes_for_bits(n), "sign bits");
-    r.finish();
+    const SignLayout layout = read_sign_layout(r, n);
+    const uint32_t block = layout.block;
+    const uint64_t blocks = layout.blocks;
+    const uint8_t* scales = r.at(layout.scales);
+    const uint8_t* bits = r.at(layout.bits);
     if (!block) return bitpack::add_signs(bits, n, scale, -scale, out);
     for (uint64_t b = 0; b < blocks; ++b) {
       float s;
@@ -47,7 +51,7 @@ class SignCodec final : public CodecBase {
   // Otherwise the generic path. Both leave what decode_add(−1) of the payload leaves.
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const override {
-    if (!residual || block_ == 0 || block_ % 8 != 0) return CodecBase::encode(x, n, residual, ctx, out);
+    if (!residual || block_ == 0 || block_ % 8 != 0) return ValueCodec::encode(x, n, residual, ctx, out);
     const int64_t blocks = (n + block_ - 1) / block_;
     wire::Writer w(out);
     w.header(id(), n);
@@ -112,6 +116,29 @@ class SignCodec final : public CodecBase {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_sign_codec(int64_t block) { return std::make_unique<SignCodec>(block); }
+const CodecRecord& sign_record() {
+  static const CodecRecord record = {
+      CodecId::kSign,
+      "sign",
+      "one sign bit per element; block>0 adds a scale per block (EF-SignSGD), vote=majority sends plain signs",
+      {SpecKey::integer("block", "512", 0, 1 << 30,
+                        "elements per scale (EF-SignSGD); 0 sends plain signs; default 0 with vote=majority"),
+       SpecKey::choice("vote", "mean", {"mean", "majority"},
+                       "mean: the average of the scaled signs; majority: the sign of the summed votes (0 on a tie)")},
+      [](const Spec& spec) {
+        CodecParameters p;
+        p.id = CodecId::kSign;
+        p.majority = spec.get_string("vote", "mean") == "majority";
+        p.block = spec.get_int("block", p.majority ? 0 : 512);
+        if (p.majority && p.block != 0) {
+          throw SpecError("gradzip: spec '" + spec.str() + "': vote=majority sends plain signs: block must be 0");
+        }
+        return p;
+      },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SignCodec>(p); },
+      GRADZIP_DEVICE_HALF(kSignDevice),
+  };
+  return record;
+}
 
 }  // namespace gradzip

@@ -1,5 +1,6 @@
 #include "gradzip/spec.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 
@@ -107,6 +108,96 @@ bool Spec::get_bool(const std::string& key, bool fallback) const {
 std::string Spec::get_string(const std::string& key, const std::string& fallback) const {
   auto it = params.find(key);
   return it == params.end() ? fallback : it->second;
+}
+
+}  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+std::string format_number(double v) {
+  std::string s = std::to_string(v);
+  s.erase(s.find_last_not_of('0') + 1);
+  if (!s.empty() && s.back() == '.') s.pop_back();
+  return s;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out.empty() ? "(none)" : out;
+}
+
+}  // namespace
+
+SpecKey SpecKey::number(std::string name, std::string default_value, double low, double high, std::string help) {
+  return {std::move(name), Type::kNumber, std::move(default_value), std::move(help), low, high, {}};
+}
+SpecKey SpecKey::integer(std::string name, std::string default_value, double low, double high, std::string help) {
+  return {std::move(name), Type::kInteger, std::move(default_value), std::move(help), low, high, {}};
+}
+SpecKey SpecKey::boolean(std::string name, std::string default_value, std::string help) {
+  return {std::move(name), Type::kBool, std::move(default_value), std::move(help), 0, 0, {}};
+}
+SpecKey SpecKey::choice(std::string name, std::string default_value, std::vector<std::string> choices,
+                        std::string help) {
+  return {std::move(name), Type::kChoice, std::move(default_value), std::move(help), 0, 0, std::move(choices)};
+}
+SpecKey SpecKey::text(std::string name, std::string default_value, std::string help) {
+  return {std::move(name), Type::kText, std::move(default_value), std::move(help), 0, 0, {}};
+}
+
+std::string SpecKey::expects() const {
+  switch (type) {
+    case Type::kNumber: return "a number in (" + format_number(low) + ", " + format_number(high) + "]";
+    case Type::kInteger: return "an integer in [" + format_number(low) + ", " + format_number(high) + "]";
+    case Type::kBool: return "a boolean (1/0, true/false, on/off)";
+    case Type::kChoice: return "one of " + join(choices);
+    case Type::kText: return "text";
+  }
+  return "";
+}
+
+void SpecKey::check(const Spec& spec) const {
+  if (!spec.has(name)) return;
+  const std::string& value = spec.params.at(name);
+  bool valid = true;
+  switch (type) {
+    case Type::kNumber: {
+      const double v = spec.get_double(name, 0.0);
+      valid = v > low && v <= high;
+      break;
+    }
+    case Type::kInteger: {
+      const double v = static_cast<double>(spec.get_int(name, 0));
+      valid = v >= low && v <= high;
+      break;
+    }
+    case Type::kBool:
+      spec.get_bool(name, false);
+      break;
+    case Type::kChoice:
+      valid = std::find(choices.begin(), choices.end(), value) != choices.end();
+      break;
+    case Type::kText:
+      break;
+  }
+  if (!valid) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': " + name + " must be " + expects() + ", got '" + value + "'");
+  }
+}
+
+void check_keys(const Spec& spec, const std::vector<SpecKey>& keys, const std::string& what) {
+  for (const auto& [key, value] : spec.params) {
+    auto it = std::find_if(keys.begin(), keys.end(), [&](const SpecKey& k) { return k.name == key; });
+    if (it == keys.end()) {
+      std::vector<std::string> names;
+      for (const auto& k : keys) names.push_back(k.name);
+      throw SpecError("gradzip: unknown key '" + key + "' for " + what + " in spec '" + spec.str() +
+                      "'; valid keys: " + join(names));
+    }
+    it->check(spec);
+  }
 }
 
 }  // namespace gradzip

@@ -1,23 +1,35 @@
-// stc, sparse ternary compression (Sattler et al., 2019): the k = ceil(density·n)
-// entries of largest |u| become μ·sign(u_i), μ the mean of their magnitudes.
-// Body: u64 k, f32 μ, u8 position coding (0 Golomb-Rice gaps, 1 bitmap), u8 Golomb
-// parameter b, u64 position bytes, the positions, then ceil(k/8) bytes of sign bits
-// (1 = positive) in position order. Golomb-Rice codes each gap g (zeros between two
-// positions) as g >> b one-bits, a zero-bit, then the low b bits of g; the bitmap is
-// used when it is smaller (dense selections).
 #include <cmath>
 
 #include "codec/bitpack.h"
+#include "codec/element_math.cuh"
 #include "codec/selection_codec.h"
-#include "codec/wire.h"
-#include "element_math.cuh"
+#include "codec/stc_codec.h"
 
 namespace gradzip {
-namespace {
 
-constexpr uint8_t kGolomb = 0, kBitmap = 1;
-
-}  // namespace
+StcLayout read_stc_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kStc, n);
+  StcLayout layout;
+  layout.k = r.get_count("k", n);
+  layout.mu = r.get<float>("mu");
+  const uint8_t coding = r.get<uint8_t>("position coding");
+  layout.golomb_parameter = r.get<uint8_t>("golomb parameter");
+  const uint64_t position_bytes = r.get<uint64_t>("position bytes");
+  if (coding != kStcGolomb && coding != kStcBitmap) r.fail("unknown position coding " + std::to_string(coding));
+  if (layout.golomb_parameter > kMaxGolombParameter) {
+    r.fail("golomb parameter " + std::to_string(layout.golomb_parameter) + " above " +
+           std::to_string(kMaxGolombParameter));
+  }
+  layout.bitmap = coding == kStcBitmap;
+  layout.positions = r.take(position_bytes, "positions");
+  layout.signs = r.take(wire::bytes_for_bits(layout.k), "sign bits");
+  r.finish();
+  if (layout.bitmap && position_bytes != wire::bytes_for_bits(static_cast<uint64_t>(n))) {
+    r.fail("the bitmap is not ceil(n/8) bytes");
+  }
+  if (!layout.bitmap && layout.k == 0 && position_bytes != 0) r.fail("position bytes left over");
+  return layout;
+}
 
 // b* = 1 + floor(log2(ln(φ − 1) / ln(1 − p))) for the density p = k/n.
 int stc_golomb_parameter(int64_t k, int64_t n) {
@@ -33,27 +45,19 @@ namespace {
 class StcCodec final : public SelectionCodec {
  public:
   using SelectionCodec::SelectionCodec;
-  CodecId id() const override { return CodecId::kStc; }
-  std::string name() const override { return "stc"; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "stc");
-    r.header(id(), n);
-    const uint64_t k = r.get_count("k", n);
-    const float mu = r.get<float>("mu");
-    const uint8_t coding = r.get<uint8_t>("position coding");
-    const int b = r.get<uint8_t>("golomb parameter");
-    const uint64_t position_bytes = r.get<uint64_t>("position bytes");
-    if (coding != kGolomb && coding != kBitmap) r.fail("unknown position coding " + std::to_string(coding));
-    if (b > kMaxGolombParameter) r.fail("golomb parameter " + std::to_string(b) + " above " + std::to_string(kMaxGolombParameter));
-    const uint8_t* positions = r.take(position_bytes, "positions");
-    const uint8_t* signs = r.take(wire::bytes_for_bits(k), "sign bits");
-    r.finish();
+    const StcLayout layout = read_stc_layout(r, n);
+    const uint64_t k = layout.k, position_bytes = layout.positions.bytes;
+    const float mu = layout.mu;
+    const int b = layout.golomb_parameter;
+    const uint8_t* positions = r.at(layout.positions);
+    const uint8_t* signs = r.at(layout.signs);
 
     std::vector<int64_t> indices;
     indices.reserve(k);
-    if (coding == kBitmap) {
-      if (position_bytes != wire::bytes_for_bits(n)) r.fail("the bitmap is not ceil(n/8) bytes");
+    if (layout.bitmap) {
       for (int64_t i = 0; i < n; ++i) {
         if ((positions[i / 8] >> (i % 8)) & 1) indices.push_back(i);
       }
@@ -106,7 +110,7 @@ class StcCodec final : public SelectionCodec {
     w.header(id(), n);
     w.put<uint64_t>(k);
     w.put<float>(mu);
-    w.put<uint8_t>(bitmap ? kBitmap : kGolomb);
+    w.put<uint8_t>(bitmap ? kStcBitmap : kStcGolomb);
     w.put<uint8_t>(static_cast<uint8_t>(b));
     if (bitmap) {
       w.put<uint64_t>(wire::bytes_for_bits(n));
@@ -123,6 +127,17 @@ class StcCodec final : public SelectionCodec {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_stc_codec(double density, bool approx) { return std::make_unique<StcCodec>(density, approx); }
+const CodecRecord& stc_record() {
+  static const CodecRecord record = {
+      CodecId::kStc,
+      "stc",
+      "sparse ternary: top density·n positions (Golomb-coded) with one sign bit each and one mean",
+      selection_keys(),
+      [](const Spec& spec) { return parse_selection(CodecId::kStc, spec); },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<StcCodec>(p); },
+      GRADZIP_DEVICE_HALF(kStcDevice),
+  };
+  return record;
+}
 
 }  // namespace gradzip

@@ -1,40 +1,48 @@
-// topk: the k = ceil(density·n) entries of largest magnitude, as (index, value) pairs.
-// Body: u64 k, u8 index width (4 or 8 bytes), k ascending indices, k fp32 values.
+#include "codec/topk_codec.h"
+
 #include "codec/selection_codec.h"
-#include "codec/wire.h"
 
 namespace gradzip {
+
+TopKLayout read_topk_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kTopK, n);
+  TopKLayout layout;
+  layout.k = r.get_count("k", n);
+  layout.width = r.get<uint8_t>("index width");
+  if (layout.width != 4 && layout.width != 8) {
+    r.fail("index width " + std::to_string(layout.width) + " is neither 4 nor 8");
+  }
+  layout.indices = r.take(layout.k * layout.width, "indices");
+  layout.values = r.take(layout.k * 4, "values");
+  r.finish();
+  return layout;
+}
+
 namespace {
 
 class TopKCodec final : public SelectionCodec {
  public:
   using SelectionCodec::SelectionCodec;
-  CodecId id() const override { return CodecId::kTopK; }
-  std::string name() const override { return "topk"; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "topk");
-    r.header(id(), n);
-    const uint64_t k = r.get_count("k", n);
-    const uint8_t width = r.get<uint8_t>("index width");
-    if (width != 4 && width != 8) r.fail("index width " + std::to_string(width) + " is neither 4 nor 8");
-    const uint8_t* indices = r.take(k * width, "indices");
-    const uint8_t* values = r.take(k * 4, "values");
-    r.finish();
+    const TopKLayout layout = read_topk_layout(r, n);
+    const uint8_t* indices = r.at(layout.indices);
+    const uint8_t* values = r.at(layout.values);
     // Check every index before writing any: strictly ascending and below n.
     int64_t previous = -1;
-    for (uint64_t j = 0; j < k; ++j) {
-      const int64_t index = read_index(indices, j, width);
+    for (uint64_t j = 0; j < layout.k; ++j) {
+      const int64_t index = read_index(indices, j, layout.width);
       if (index <= previous || index >= n) {
         r.fail("index " + std::to_string(index) + " at position " + std::to_string(j) +
                " is out of range or not ascending");
       }
       previous = index;
     }
-    for (uint64_t j = 0; j < k; ++j) {
+    for (uint64_t j = 0; j < layout.k; ++j) {
       float v;
       std::memcpy(&v, values + 4 * j, 4);
-      out[read_index(indices, j, width)] += scale * v;
+      out[read_index(indices, j, layout.width)] += scale * v;
     }
   }
 
@@ -59,7 +67,6 @@ class TopKCodec final : public SelectionCodec {
     for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 
-
  private:
   static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
     if (width == 4) {
@@ -75,8 +82,17 @@ class TopKCodec final : public SelectionCodec {
 
 }  // namespace
 
-std::unique_ptr<Codec> make_topk_codec(double density, bool approx) {
-  return std::make_unique<TopKCodec>(density, approx);
+const CodecRecord& topk_record() {
+  static const CodecRecord record = {
+    CodecId::kTopK,
+    "topk",
+    "the ceil(density·n) largest magnitudes as (index, value); approx=1 estimates the threshold",
+    selection_keys(),
+    [](const Spec& spec) { return parse_selection(CodecId::kTopK, spec); },
+    [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<TopKCodec>(p); },
+    GRADZIP_DEVICE_HALF(kTopKDevice),
+  };
+  return record;
 }
 
 }  // namespace gradzip

@@ -4,7 +4,7 @@
 #include <array>
 #include <cmath>
 
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 
 namespace gradzip {
 namespace {

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -38,24 +39,42 @@ class Writer {
   std::vector<uint8_t>& out_;
 };
 
+// Where a section lies in a payload.
+struct Section {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+};
+
+// Reads a payload's fixed fields and checks its section lengths. A codec's layout
+// parser runs on a Reader; the CPU decoder gives it the whole payload, the CUDA dispatch
+// the payload's first bytes copied to the host (`have` of its `size` bytes): the same
+// parser, the same checks and messages, for both.
 class Reader {
  public:
-  Reader(const uint8_t* data, size_t size, const char* codec) : data_(data), size_(size), codec_(codec) {}
+  Reader(const uint8_t* data, size_t size, const char* codec) : Reader(data, size, size, codec) {}
+  Reader(const uint8_t* data, size_t have, size_t size, const char* codec)
+      : data_(data), have_(have < size ? have : size), size_(size), codec_(codec) {}
 
   template <typename T>
   T get(const char* field) {
     need(sizeof(T), field);
+    if (at_ + sizeof(T) > have_) throw std::logic_error("gradzip: a fixed payload field lies beyond the bytes read");
     T value;
     std::memcpy(&value, data_ + at_, sizeof(T));
     at_ += sizeof(T);
     return value;
   }
   // The next `bytes` bytes; throws when fewer are left.
-  const uint8_t* take(uint64_t bytes, const char* field) {
+  Section take(uint64_t bytes, const char* field) {
     need(bytes, field);
-    const uint8_t* p = data_ + at_;
+    const Section section{at_, bytes};
     at_ += bytes;
-    return p;
+    return section;
+  }
+  // A section's bytes, when this Reader holds them.
+  const uint8_t* at(const Section& section) const {
+    if (section.offset + section.bytes > have_) throw std::logic_error("gradzip: a payload section lies beyond the bytes read");
+    return data_ + section.offset;
   }
   // A count of selected entries: throws unless it is at most n.
   uint64_t get_count(const char* field, int64_t n) {
@@ -80,7 +99,7 @@ class Reader {
   }
 
   const uint8_t* data_;
-  size_t size_;
+  size_t have_, size_;
   size_t at_ = 0;
   const char* codec_;
 };

@@ -1,21 +1,12 @@
-// gradzip._C.Aggregation: an aggregation used directly by the DDP hook and the
-// model-level API, over any process group's transport, with its own byte counters.
+// gradzip._C.Aggregation: the engine behind the DDP hook and the model-level API.
 #include <pybind11/stl.h>
 
+#include "aggregate/direct_aggregation.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
 
 namespace gradzip::python {
-namespace {
-
-struct PyAggregation {
-  explicit PyAggregation(const std::string& spec) : aggregation(make_aggregation(parse_spec(spec))) {}
-  std::unique_ptr<Aggregation> aggregation;
-  Stats stats;
-};
-
-}  // namespace
 
 py::dict stats_to_python(const Stats& stats) {
   const auto s = stats.snapshot();
@@ -23,82 +14,31 @@ py::dict stats_to_python(const Stats& stats) {
                   py::arg("bytes_received") = s.bytes_received, py::arg("dense_bytes") = s.dense_bytes);
 }
 
-namespace {
-
-at::Tensor to_tensor(const std::vector<float>& values) {
-  return at::from_blob(const_cast<float*>(values.data()), {static_cast<int64_t>(values.size())}, at::kFloat).clone();
-}
-
-std::vector<float> from_tensor(const py::handle& object) {
-  const auto t = object.cast<at::Tensor>().to(at::kCPU, at::kFloat).contiguous();
-  return std::vector<float>(t.data_ptr<float>(), t.data_ptr<float>() + t.numel());
-}
-
-py::dict tensor_state_to_python(const TensorState& s) {
-  py::object residual = py::none();
-  if (!s.residual.empty()) residual = py::cast(to_tensor(s.residual));
-  py::dict copies;
-  for (const auto& [rank, copy] : s.public_copies) copies[py::int_(rank)] = to_tensor(copy);
-  return py::dict(py::arg("residual") = residual, py::arg("calls") = s.calls, py::arg("step") = s.step,
-                  py::arg("public_copies") = copies);
-}
-
-TensorState tensor_state_from_python(const py::dict& entry) {
-  TensorState s;
-  s.calls = entry["calls"].cast<int64_t>();
-  s.step = entry["step"].cast<uint64_t>();
-  if (!entry["residual"].is_none()) s.residual = from_tensor(entry["residual"]);
-  if (entry.contains("public_copies")) {
-    for (const auto& [rank, copy] : entry["public_copies"].cast<py::dict>()) {
-      s.public_copies.emplace(rank.cast<int>(), from_tensor(copy));
-    }
-  }
-  return s;
-}
-
-}  // namespace
-
-py::dict state_to_python(const std::map<std::string, TensorState>& state) {
-  py::dict out;
-  for (const auto& [key, s] : state) out[py::str(key)] = tensor_state_to_python(s);
-  return out;
-}
-
-std::map<std::string, TensorState> state_from_python(const py::dict& state) {
-  std::map<std::string, TensorState> out;
-  for (const auto& [key, value] : state) out.emplace(key.cast<std::string>(), tensor_state_from_python(value.cast<py::dict>()));
-  return out;
-}
-
 void bind_aggregation(py::module_& m) {
-  py::class_<PyAggregation>(m, "Aggregation")
-      .def(py::init<const std::string&>(), py::arg("spec"))
-      .def_property_readonly("spec", [](const PyAggregation& a) { return a.aggregation->spec().str(); })
+  py::class_<DirectAggregation>(m, "Aggregation")
+      .def(py::init<const BoundSpec&>(), py::arg("spec"))
+      .def_property_readonly("spec", [](const DirectAggregation& a) { return a.aggregation().spec(); })
+      .def("allreduce", &DirectAggregation::allreduce, py::arg("tensor"), py::arg("key"), py::arg("op"),
+           py::arg("transport"), py::call_guard<py::gil_scoped_release>(),
+           "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
       .def(
-          "allreduce",
-          [](PyAggregation& a, at::Tensor tensor, const std::string& key, const c10d::ReduceOp& op,
-             const c10::intrusive_ptr<c10d::Backend>& transport) {
-            std::vector<at::Tensor> tensors = {tensor};
-            c10d::AllreduceOptions opts;
-            opts.reduceOp = op;
-            a.aggregation->allreduce(tensors, opts, transport, a.stats, key)->wait();
+          "allreduce_pieces",
+          [](DirectAggregation& a, const at::Tensor& tensor, const std::vector<std::pair<std::string, int64_t>>& pieces,
+             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+            std::vector<TensorPiece> named;
+            for (const auto& [key, numel] : pieces) named.push_back({key, numel});
+            py::gil_scoped_release no_gil;
+            a.allreduce_pieces(tensor, named, op, transport);
           },
-          py::arg("tensor"), py::arg("key"), py::arg("op"), py::arg("transport"),
-          py::call_guard<py::gil_scoped_release>(),
-          "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
-      .def("state_dict", [](const PyAggregation& a) { return state_to_python(a.aggregation->state()); })
+          py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
+          "Reduces `tensor`, the concatenation of the (key, numel) pieces, in place; each piece keeps its state.")
+      .def("state_dict", [](const DirectAggregation& a) { return a.aggregation().state_dict(); })
       .def("load_state_dict",
-           [](PyAggregation& a, const py::dict& state) { a.aggregation->load_state(state_from_python(state)); })
-      .def("tensor_state",
-           [](const PyAggregation& a, const std::string& key) {
-             return tensor_state_to_python(a.aggregation->tensor_state(key));
+           [](DirectAggregation& a, const std::map<std::string, at::Tensor>& state) {
+             a.aggregation().load_state_dict(state);
            })
-      .def("set_tensor_state",
-           [](PyAggregation& a, const std::string& key, const py::dict& state) {
-             a.aggregation->set_tensor_state(key, tensor_state_from_python(state));
-           })
-      .def("stats", [](const PyAggregation& a) { return stats_to_python(a.stats); })
-      .def("reset_stats", [](PyAggregation& a) { a.stats.reset(); });
+      .def("stats", [](DirectAggregation& a) { return stats_to_python(a.stats()); })
+      .def("reset_stats", [](DirectAggregation& a) { a.stats().reset(); });
 }
 
 }  // namespace gradzip::python

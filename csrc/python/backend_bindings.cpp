@@ -45,16 +45,15 @@ namespace gradzip::python {
 void bind_backend(py::module_& m) {
   py::class_<gradzip::Backend, c10d::Backend, GilFreeDestructorPtr<gradzip::Backend>>(m, "Backend")
       .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
-                       std::optional<c10::intrusive_ptr<c10d::Backend>> cuda_transport, const std::string& spec,
+                       std::optional<c10::intrusive_ptr<c10d::Backend>> cuda_transport, const BoundSpec& spec,
                        bool validate, std::chrono::milliseconds timeout) {
-             return GilFreeDestructorPtr<gradzip::Backend>(c10::make_intrusive<gradzip::Backend>(
-                 rank, size, std::move(cpu_transport), cuda_transport.value_or(nullptr),
-                 gradzip::parse_spec(spec), validate, timeout));
+             return GilFreeDestructorPtr<gradzip::Backend>(make_backend(
+                 rank, size, std::move(cpu_transport), cuda_transport.value_or(nullptr), spec, validate, timeout));
            }),
            py::arg("rank"), py::arg("size"), py::arg("cpu_transport"), py::arg("cuda_transport"),
            py::arg("spec"), py::arg("validate"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("spec", [](const gradzip::Backend& b) { return b.aggregation().spec().str(); })
+      .def_property_readonly("spec", [](const gradzip::Backend& b) { return b.aggregation().spec(); })
       .def_property_readonly("validates", &gradzip::Backend::validates)
       .def_property_readonly("has_cuda_transport", &gradzip::Backend::has_cuda_transport)
       .def("stats", [](gradzip::Backend& b) { return stats_to_python(b.stats()); })
@@ -66,10 +65,10 @@ void bind_backend(py::module_& m) {
             return t ? py::cast(t) : py::none();
           },
           py::arg("device"), "The inner transport (Gloo or NCCL) that carries this device's tensors, or None.")
-      .def("state_dict", [](const gradzip::Backend& b) { return state_to_python(b.aggregation().state()); })
-      .def("load_state_dict",
-           [](gradzip::Backend& b, const py::dict& state) { b.aggregation().load_state(state_from_python(state)); });
-
+      .def("state_dict", [](const gradzip::Backend& b) { return b.aggregation().state_dict(); })
+      .def("load_state_dict", [](gradzip::Backend& b, const std::map<std::string, at::Tensor>& state) {
+        b.aggregation().load_state_dict(state);
+      });
 }
 
 }  // namespace gradzip::python

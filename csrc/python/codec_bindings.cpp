@@ -1,7 +1,7 @@
 // gradzip._C codec functions: tensors to payload bytes and back, for gradzip.codec.
 #include <pybind11/stl.h>
 
-#include "gradzip/codec.h"
+#include "gradzip/bound_spec.h"
 #include "python/bindings.h"
 #ifdef GRADZIP_WITH_CUDA
 #include "aggregate/device_codec_glue.h"
@@ -16,8 +16,9 @@ void bind_codec(py::module_& m) {
   py::register_exception<PayloadError>(m, "PayloadError", PyExc_ValueError);
   m.def(
       "encode",
-      [](const at::Tensor& x, const std::string& spec, std::optional<at::Tensor> residual, uint64_t seed,
+      [](const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor> residual, uint64_t seed,
          uint64_t step, uint32_t rank) {
+        TORCH_CHECK(spec.codec(), "gradzip: '", spec.str(), "' is an aggregation without a codec");
         TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
                     "gradzip: encode takes a contiguous float32 CPU tensor");
         float* e = nullptr;
@@ -30,7 +31,7 @@ void bind_codec(py::module_& m) {
         std::vector<uint8_t> out;
         {
           py::gil_scoped_release no_gil;
-          make_codec(parse_spec(spec))->encode(x.data_ptr<float>(), x.numel(), e, {seed, step, rank}, out);
+          spec.codec()->encode(x.data_ptr<float>(), x.numel(), e, {seed, step, rank}, out);
         }
         return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
       },
@@ -59,19 +60,19 @@ void bind_codec(py::module_& m) {
   // The GPU codecs, for tests and benchmarks: the same bytes as encode()/decode_add().
   m.def(
       "cuda_encode",
-      [](const at::Tensor& x, const std::string& spec, std::optional<at::Tensor> residual, uint64_t seed,
+      [](const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor> residual, uint64_t seed,
          uint64_t step, uint32_t rank) {
-        const CodecParameters codec = codec_parameters(parse_spec(spec));
-        TORCH_CHECK(cuda::has_device_codec(codec.id), "gradzip: codec '", spec, "' has no GPU kernels");
-        return encode_on_device(codec, x, residual ? *residual : at::Tensor(), {seed, step, rank});
+        TORCH_CHECK(spec.codec() && cuda::has_device_half(spec.codec()->id()), "gradzip: '", spec.str(),
+                    "' has no GPU kernels");
+        return encode_on_device(*spec.codec(), x, residual ? *residual : at::Tensor(), {seed, step, rank});
       },
       py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
       "Encodes a float32 CUDA tensor on its GPU; returns the payload as a uint8 CUDA tensor.");
   m.def(
       "cuda_decode_add",
-      [](const std::vector<at::Tensor>& payloads, at::Tensor& out, const std::string& spec) {
-        const CodecParameters codec = codec_parameters(parse_spec(spec));
-        TORCH_CHECK(cuda::has_device_codec(codec.id), "gradzip: codec '", spec, "' has no GPU kernels");
+      [](const std::vector<at::Tensor>& payloads, at::Tensor& out, const BoundSpec& spec) {
+        TORCH_CHECK(spec.codec() && cuda::has_device_half(spec.codec()->id()), "gradzip: '", spec.str(),
+                    "' has no GPU kernels");
         int64_t stride = 8;
         for (const auto& p : payloads) stride = std::max<int64_t>(stride, (p.numel() + 7) / 8 * 8);
         auto rows = at::zeros({static_cast<int64_t>(payloads.size()) * stride}, at::dtype(at::kByte).device(out.device()));
@@ -81,7 +82,7 @@ void bind_codec(py::module_& m) {
           sizes.push_back(static_cast<size_t>(payloads[r].numel()));
         }
         try {
-          decode_add_on_device(codec.id, rows, stride, sizes, out);
+          decode_add_on_device(spec.codec()->id(), rows, stride, sizes, out);
         } catch (const cuda::RankPayloadError& e) {
           throw PayloadError(std::string(e.what()) + " (payload " + std::to_string(e.rank()) + ")");
         }
@@ -89,11 +90,6 @@ void bind_codec(py::module_& m) {
       py::arg("payloads"), py::arg("out"), py::arg("spec"),
       "Adds the payloads (uint8 CUDA tensors) into `out` on its GPU, in list order.");
 #endif
-  m.def("codec_kinds", [] {
-    std::vector<std::tuple<std::string, std::string, std::vector<std::string>>> out;
-    for (const auto& k : codec_kinds()) out.emplace_back(k.name, k.summary, k.keys);
-    return out;
-  });
 }
 
 }  // namespace gradzip::python

@@ -1,6 +1,8 @@
 // gradzip._C.Topology: the gossip graphs of gradzip/topology.h, for Python.
 #include <pybind11/stl.h>
 
+#include <ATen/ATen.h>
+
 #include "gradzip/topology.h"
 #include "python/bindings.h"
 

@@ -1,10 +1,13 @@
 // Aggregation: how a gradzip process group all-reduces a tensor.
 //
-// An Aggregation is made from a Spec (gradzip/spec.h) by make_aggregation(), which
-// rejects an unknown name or key with a message listing the valid ones. It reduces
-// a tensor in place over a transport (a c10d::Backend such as Gloo or NCCL) and
-// promises that every rank ends with a bitwise-identical result. It does not know
+// An Aggregation is made from a BoundSpec (gradzip/bound_spec.h) by make_aggregation().
+// It reduces a tensor in place over a transport (a c10d::Backend such as Gloo or NCCL)
+// and promises that every rank ends with a bitwise-identical result. It does not know
 // whether the call came from the backend or from a DDP comm hook.
+//
+// State (error-feedback residuals, step counters, CHOCO's public copies) is the
+// aggregation's own: it is kept per logical tensor, named by the caller's key, and
+// leaves only as named tensors through state_dict() / load_state_dict().
 #pragma once
 
 #include <functional>
@@ -15,31 +18,26 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "gradzip/spec.h"
+#include "gradzip/bound_spec.h"
 #include "gradzip/stats.h"
 
 namespace gradzip {
 
-// What an aggregation keeps for one logical tensor between calls.
-struct TensorState {
-  std::vector<float> residual;  // error feedback: what was not sent yet (empty when off)
-  // The residual of a CUDA tensor, kept on its device between calls (then `residual` is
-  // empty); state() and tensor_state() hand it out as `residual`, on the host.
-  at::Tensor device_residual;
-  int64_t calls = 0;            // all-reduces of this tensor so far, exact ones included
-  uint64_t step = 0;            // compressed encodes so far: seeds the codec's random draws
-  // CHOCO gossip: the public copies x^ of this rank and of its neighbours, by rank.
-  std::map<int, std::vector<float>> public_copies;
+// A tensor that is the concatenation of named pieces (a DDP bucket of parameters): state
+// is kept per piece, so it follows a piece into another bucket layout.
+struct TensorPiece {
+  std::string key;
+  int64_t numel;
 };
 
 class Aggregation {
  public:
-  explicit Aggregation(Spec spec) : spec_(std::move(spec)) {}
+  explicit Aggregation(BoundSpec spec) : spec_(std::move(spec)) {}
   virtual ~Aggregation() = default;
   Aggregation(const Aggregation&) = delete;
   Aggregation& operator=(const Aggregation&) = delete;
 
-  const Spec& spec() const { return spec_; }
+  const BoundSpec& spec() const { return spec_; }
 
   // Reduces `tensors` (c10d's one-tensor list) in place across every rank of
   // `transport` with opts.reduceOp, and adds the bytes it moves to `stats`. `key`
@@ -50,33 +48,41 @@ class Aggregation {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
       const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key) = 0;
 
-  // The per-tensor state by key, to save; load_state() restores it exactly.
-  virtual std::map<std::string, TensorState> state() const { return {}; }
-  virtual void load_state(std::map<std::string, TensorState> state) {}
-  // One key's state (empty when unknown), and its replacement.
-  virtual TensorState tensor_state(const std::string& key) const { return {}; }
-  virtual void set_tensor_state(const std::string& key, TensorState state) {}
+  // The same, for a tensor made of `pieces` (their numels add up to its numel): the
+  // state of each piece is kept under the piece's key. Aggregations without per-element
+  // state treat the tensor as one.
+  virtual c10::intrusive_ptr<c10d::Work> allreduce_pieces(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::vector<TensorPiece>& pieces);
+
+  // The state as named tensors, "<key>/<field>" (fields: residual, calls, step,
+  // public_copy_<rank>), on the CPU; load_state_dict() restores it exactly.
+  virtual std::map<std::string, at::Tensor> state_dict() const { return {}; }
+  virtual void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
  private:
-  Spec spec_;
+  BoundSpec spec_;
 };
 
-// One registered kind of aggregation: its spec name, what it does, its valid keys.
+// One registered kind of aggregation: its spec name, what it does, its own keys, where
+// its codec comes from, and how to make it.
 struct AggregationKind {
+  enum class CodecFrom { kNone, kName, kCompressKey };
   std::string name;
   std::string summary;
-  std::vector<std::string> keys;
-  std::function<std::unique_ptr<Aggregation>(const Spec&)> make;
+  std::vector<SpecKey> keys;  // its own; a codec's keys come from the codec's record
+  CodecFrom codec_from = CodecFrom::kNone;
+  bool decentralized = false;
+  std::function<void(const Spec&)> check;  // rules that tie keys together (may be empty)
+  std::function<std::unique_ptr<Aggregation>(const BoundSpec&)> make;
 };
 
 // Every registered kind, in the order they are listed in error messages.
 const std::vector<AggregationKind>& aggregation_kinds();
 
-// Checks the spec's name and keys against the registry; throws SpecError listing
-// the valid names (or the valid keys of that name) when one is unknown.
-const AggregationKind& find_aggregation_kind(const Spec& spec);
+// Every key a kind takes, its codec's included (for choco: every codec's), for listings.
+std::vector<SpecKey> all_keys(const AggregationKind& kind);
 
-// find_aggregation_kind(spec).make(spec): also checks the values of the keys.
-std::unique_ptr<Aggregation> make_aggregation(const Spec& spec);
+std::unique_ptr<Aggregation> make_aggregation(const BoundSpec& spec);
 
 }  // namespace gradzip

@@ -1,22 +1,17 @@
 // gradzip::Backend: the torch.distributed backend "gradzip".
 //
-// all_reduce runs the configured Aggregation (gradzip/aggregation.h). Every other
-// collective is forwarded unchanged to a real transport: the CPU transport (Gloo)
-// for CPU tensors, the CUDA transport (NCCL) for CUDA tensors. Before a collective
-// is forwarded, and when `validate` is on, every rank confirms that all ranks made
-// the same call with compatible tensors (csrc/c10d/collective_check.h), so a size
+// all_reduce runs the configured Aggregation (gradzip/aggregation.h); every other
+// collective is forwarded unchanged to a real transport: the CPU transport (Gloo) for
+// CPU tensors, the CUDA transport (NCCL) for CUDA tensors. With `validate` on, every
+// rank first confirms that all ranks made the same call with compatible tensors, so a
 // mismatch is an error on every rank instead of an aborted process or a hang.
-// send/recv are point-to-point and are not checked.
 //
-// Tensors of any other device, or CUDA tensors when there is no CUDA transport,
-// are refused with an error naming the device. shutdown() and abort() may be
-// called any number of times; collectives after them are refused.
+// Tensors of any other device, or CUDA tensors when there is no CUDA transport, are
+// refused with an error naming the device. shutdown() and abort() may be called any
+// number of times; collectives after them are refused.
 #pragma once
 
-#include <atomic>
-#include <memory>
-#include <string>
-#include <vector>
+#include <chrono>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
@@ -24,100 +19,24 @@
 
 namespace gradzip {
 
-class CallSequenceIdentity;
-class CollectiveCheck;
-struct CollectiveCall;
-
-class Backend final : public c10d::Backend {
+class Backend : public c10d::Backend {
  public:
-  // `cuda_transport` may be null (no GPU, or a CPU-only build).
-  Backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
-          c10::intrusive_ptr<c10d::Backend> cuda_transport, const Spec& spec, bool validate,
-          std::chrono::milliseconds timeout);
-  ~Backend() override;
+  using c10d::Backend::Backend;
 
-  Aggregation& aggregation() { return *aggregation_; }
-  const Aggregation& aggregation() const { return *aggregation_; }
+  virtual Aggregation& aggregation() = 0;
+  virtual const Aggregation& aggregation() const = 0;
   // The transport for a device type (CPU or CUDA); null when there is none.
-  const c10::intrusive_ptr<c10d::Backend>& transport(c10::DeviceType device) const {
-    return device == c10::DeviceType::CUDA ? cuda_ : cpu_;
-  }
-  bool validates() const { return check_ != nullptr; }
-  bool has_cuda_transport() const { return cuda_ != nullptr; }
-  Stats& stats() { return stats_; }
-
-  const std::string getBackendName() const override { return "gradzip"; }
-  c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
-  void setTimeout(std::chrono::milliseconds timeout) override;
-
-  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
-                                           const c10d::BroadcastOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
-                                           const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
-                                                  const c10d::AllreduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
-      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
-                                        const c10d::ReduceOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                                           std::vector<at::Tensor>& inputs,
-                                           const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
-                                                 const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
-                                                     std::vector<at::Tensor>& inputs,
-                                                     const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
-                                        const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
-                                         const c10d::ScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
-                                                std::vector<std::vector<at::Tensor>>& inputs,
-                                                const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
-                                                      const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
-      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
-      const c10d::ReduceScatterOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
-                                               std::vector<int64_t>& output_split_sizes,
-                                               std::vector<int64_t>& input_split_sizes,
-                                               const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
-                                          std::vector<at::Tensor>& inputs,
-                                          const c10d::AllToAllOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) override;
-  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
-  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
-  uint64_t getSequenceNumberForGroup() override;
-
-  void shutdown() override;
-  void abort() override;
-
- private:
-  // The transport for these tensors' device; refuses an empty list, mixed devices,
-  // devices other than CPU and CUDA, and CUDA without a CUDA transport.
-  const c10::intrusive_ptr<c10d::Backend>& transport_for(const std::vector<at::Tensor>& tensors,
-                                                         const char* op) const;
-  const c10::intrusive_ptr<c10d::Backend>& transport_for(const at::Tensor& tensor, const char* op) const;
-  void verify(const CollectiveCall& call);
-
-  c10::intrusive_ptr<c10d::Backend> cpu_;
-  c10::intrusive_ptr<c10d::Backend> cuda_;
-  std::unique_ptr<Aggregation> aggregation_;
-  std::unique_ptr<CollectiveCheck> check_;
-  c10::intrusive_ptr<Options> options_;
-  Stats stats_;
-  std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets
-  std::atomic<bool> closed_{false};
+  virtual const c10::intrusive_ptr<c10d::Backend>& transport(c10::DeviceType device) const = 0;
+  virtual bool validates() const = 0;
+  virtual bool has_cuda_transport() const = 0;
+  // The bytes all_reduce moved, and what dense fp32 would have moved.
+  virtual Stats& stats() = 0;
 };
+
+// A gradzip backend over a CPU transport and an optional CUDA transport (null: none),
+// both of `size` ranks with this one at `rank`.
+c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
+                                         c10::intrusive_ptr<c10d::Backend> cuda_transport, const BoundSpec& spec,
+                                         bool validate, std::chrono::milliseconds timeout);
 
 }  // namespace gradzip

@@ -47,11 +47,14 @@ enum class CodecId : uint8_t {
   kQsgd = 8,
 };
 
+struct CodecParameters;  // what a spec sets (csrc/codec/codec_record.h)
+
 class Codec {
  public:
   virtual ~Codec() = default;
   virtual CodecId id() const = 0;
   virtual std::string name() const = 0;
+  virtual const CodecParameters& parameters() const = 0;
   // True when the codec is biased and error feedback is on by default (top-k, STC, sign).
   virtual bool biased() const = 0;
 
@@ -77,16 +80,9 @@ constexpr uint8_t kWireVersion = 1;
 // Reads and checks the header: magic, version, a known codec id. Throws PayloadError.
 PayloadHeader read_payload_header(const uint8_t* data, size_t size);
 
-// One registered codec: its spec name, summary, keys and defaults (for error messages).
-struct CodecKind {
-  std::string name;
-  std::string summary;
-  std::vector<std::string> keys;
-};
-const std::vector<CodecKind>& codec_kinds();
-
-// The codec a spec names, e.g. "topk:density=0.01". Keys that are not the codec's are
-// ignored here (aggregations add their own); values are checked. Throws SpecError.
+// The codec a spec names, e.g. "topk:density=0.01": its name, its own keys only (an
+// aggregation's keys are split off by gradzip/bound_spec.h), values checked. Throws
+// SpecError listing the valid codecs, or the codec's valid keys.
 std::unique_ptr<Codec> make_codec(const Spec& spec);
 
 // The codec that wrote a payload, with the parameters its decoder needs from the header.

@@ -14,6 +14,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace gradzip {
 
@@ -38,5 +39,33 @@ struct Spec {
 };
 
 Spec parse_spec(std::string_view text);
+
+// One key a codec or an aggregation takes: the single source of its name, default,
+// valid values and one-line meaning (docs/spec.md's key tables are generated from it).
+struct SpecKey {
+  enum class Type { kNumber, kInteger, kBool, kChoice, kText };
+  std::string name;
+  Type type;
+  std::string default_value;  // as written in a spec; "" when required or derived (the help says which)
+  std::string help;
+  double low = 0, high = 0;           // kNumber: low < v <= high; kInteger: low <= v <= high
+  std::vector<std::string> choices;   // kChoice
+
+  static SpecKey number(std::string name, std::string default_value, double low, double high, std::string help);
+  static SpecKey integer(std::string name, std::string default_value, double low, double high, std::string help);
+  static SpecKey boolean(std::string name, std::string default_value, std::string help);
+  static SpecKey choice(std::string name, std::string default_value, std::vector<std::string> choices,
+                        std::string help);
+  static SpecKey text(std::string name, std::string default_value, std::string help);
+
+  // The valid values in words, e.g. "a number in (0, 1]" or "one of l2, max".
+  std::string expects() const;
+  // Throws SpecError naming the key, its value and expects() when the spec's value is not valid.
+  void check(const Spec& spec) const;
+};
+
+// Checks that every key of `spec` is one of `keys` (else a SpecError listing them, for
+// `what`, e.g. "codec 'topk'") and that every value is valid.
+void check_keys(const Spec& spec, const std::vector<SpecKey>& keys, const std::string& what);
 
 }  // namespace gradzip

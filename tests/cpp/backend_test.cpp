@@ -22,7 +22,7 @@ class NullTransport final : public c10d::Backend {
 
 c10::intrusive_ptr<Backend> make_backend(int size) {
   auto fake = c10::make_intrusive<NullTransport>(0, size);
-  return c10::make_intrusive<Backend>(0, size, fake, nullptr, parse_spec("allreduce"), /*validate=*/false,
+  return gradzip::make_backend(0, size, fake, nullptr, BoundSpec("allreduce"), /*validate=*/false,
                                       std::chrono::milliseconds(1000));
 }
 

@@ -9,7 +9,7 @@
 #include <random>
 #include <set>
 
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 
 namespace gradzip {
 namespace {

@@ -83,7 +83,6 @@ TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {
   for (const char* text : kSpecs) {
     const Spec spec = parse_spec(text);
     const auto cpu = make_codec(spec);
-    const CodecParameters params = codec_parameters(spec);
     for (int64_t n : kSizes) {
       for (bool ties : {false, true}) {
         for (bool feedback : {false, true}) {
@@ -95,7 +94,7 @@ TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {
           float* d_residual = feedback ? upload(arena, residual) : nullptr;
           std::vector<uint8_t> expected;
           cpu->encode(x.data(), n, feedback ? residual.data() : nullptr, ctx, expected);
-          const DevicePayload got = device_encode(params, d_x, n, d_residual, ctx, arena, stream);
+          const DevicePayload got = device_encode(*cpu, d_x, n, d_residual, ctx, arena, stream);
           check(cudaDeviceSynchronize(), "encode");
           const auto bytes = download(got.data, got.size);
           ASSERT_EQ(bytes, expected) << text << " n=" << n << " ties=" << ties << " ef=" << feedback;
@@ -132,7 +131,7 @@ TEST_F(CudaKernelsTest, DecodeAccumulateIsTheCpuSumInRankOrder) {
       std::vector<float> expected(n, 0.0f);
       for (const auto& p : payloads) cpu->decode_add(p.data(), p.size(), expected.data(), n);
       float* d_sum = upload(arena, std::vector<float>(n, 0.0f));
-      device_decode_add(codec_parameters(spec).id, d_rows, stride, sizes, d_sum, n, arena, nullptr);
+      device_decode_add(make_codec(spec)->id(), d_rows, stride, sizes, d_sum, n, arena, nullptr);
       ASSERT_TRUE(same_bits(download(d_sum, n), expected)) << text << " n=" << n;
     }
   }
@@ -166,7 +165,7 @@ TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
       cpu_threw = true;
     }
     try {
-      device_decode_add(codec_parameters(spec).id, d_rows, stride, {good.size(), bad.size()}, d_sum, n, arena, nullptr);
+      device_decode_add(make_codec(spec)->id(), d_rows, stride, {good.size(), bad.size()}, d_sum, n, arena, nullptr);
     } catch (const RankPayloadError& e) {
       threw = true;
       EXPECT_EQ(e.rank(), 1) << text;

@@ -1,6 +1,6 @@
 // The element math shared with the CUDA kernels, against torch's own conversions and
 // the published Philox known answers.
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 #include "codec/bitpack.h"
 #include "codec/philox_block.h"
 

@@ -8,7 +8,7 @@
 #include <numeric>
 #include <random>
 
-#include "element_math.cuh"
+#include "codec/element_math.cuh"
 
 namespace gradzip {
 namespace {

@@ -1,0 +1,92 @@
+// CodecRecord: everything about one codec in one place — its id and name, its spec keys
+// with defaults and valid values, how a spec becomes its parameters, its host codec, and
+// its device half (CUDA kernels) when it has one. Each codec defines its record in its
+// own file pair; codec_registry.cpp lists them. Nothing outside the records switches
+// over codec ids.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gradzip/codec.h"
+
+struct CUstream_st;  // cudaStream_t, without the CUDA headers
+
+namespace gradzip {
+
+// A codec's parameters as its spec sets them (defaults filled in, values checked): what
+// its host codec is built from and what its device half is given.
+struct CodecParameters {
+  CodecId id = CodecId::kIdentity;
+  double density = 0.0;   // topk, randomk, stc
+  bool approx = false;    // topk, stc: threshold from a sample
+  bool unbiased = false;  // randomk
+  int64_t block = 0;      // sign: elements per scale (0 = plain signs)
+  bool majority = false;  // sign: vote=majority
+  int levels = 0;         // qsgd
+  int64_t bucket = 0;     // qsgd
+  bool max_norm = false;  // qsgd
+};
+
+// Device memory for the device halves: 256-byte aligned, valid until the arena goes
+// (torch's caching allocator in gradzip._C, cudaMalloc in the tests).
+class DeviceArena {
+ public:
+  virtual ~DeviceArena() = default;
+  virtual void* allocate(size_t bytes) = 0;
+};
+
+// A payload in device memory; its allocation holds size rounded up to 8 bytes.
+struct DevicePayload {
+  uint8_t* data = nullptr;
+  size_t size = 0;
+};
+
+// A codec's CUDA half, defined in its .cu file: the same bytes as the host codec.
+struct DeviceHalf {
+  // The host codec's encode() on device memory, queued on `stream`.
+  DevicePayload (*encode)(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+                          const EncodeContext& ctx, DeviceArena& arena, CUstream_st* stream);
+  // Checks one payload's layout with the codec's own layout parser (its first `have`
+  // bytes copied to the host at `prefix`, `size` bytes in all at `payload` on the device)
+  // and queues its decode-add into out[0..n). Data-dependent checks set bits in *error.
+  void (*queue_decode_add)(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                           int64_t n, int* error, DeviceArena& arena, CUstream_st* stream);
+};
+
+struct CodecRecord {
+  CodecId id;
+  std::string name;
+  std::string summary;
+  std::vector<SpecKey> keys;
+  // The parameters of a spec whose keys were checked one by one (check_keys): defaults,
+  // and the rules that tie keys together. Throws SpecError.
+  CodecParameters (*parse)(const Spec& spec);
+  std::unique_ptr<Codec> (*make)(const CodecParameters& parameters);
+  const DeviceHalf* device;  // null: no kernels; CUDA tensors go through the host codec
+};
+
+// Every codec, in the order error messages and docs list them.
+const std::vector<const CodecRecord*>& codec_records();
+// The record of a name or a wire id; null when there is none.
+const CodecRecord* find_codec_record(const std::string& name);
+const CodecRecord* find_codec_record(uint8_t id);
+// The record of a codec id that exists (an id from a record or a checked header).
+const CodecRecord& codec_record(CodecId id);
+// check_keys, then the record's parse(). Throws SpecError listing the valid codecs or keys.
+CodecParameters parse_codec(const Spec& spec);
+
+// A device half, named by its symbol, in builds with CUDA; null in CPU-only builds.
+#ifdef GRADZIP_WITH_CUDA
+#define GRADZIP_DEVICE_HALF(half) (&(half))
+#else
+#define GRADZIP_DEVICE_HALF(half) nullptr
+#endif
+
+// k = ceil(density × n), clamped to [0, n].
+int64_t count_for_density(double density, int64_t n);
+
+}  // namespace gradzip

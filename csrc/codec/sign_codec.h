@@ -1,0 +1,24 @@
+// sign: one bit per element (1 = non-negative, so +0 and +NaN vote +1). With block > 0
+// (EF-SignSGD, Karimireddy et al. 2019) each block of `block` elements also carries its
+// scale ‖u_block‖₁ / |block| and decodes to ±scale; with block = 0 (signSGD, Bernstein
+// et al. 2018) it decodes to ±1, for majority vote.
+// Body: u32 block, ceil(n/block) fp32 scales (block > 0 only), ceil(n/8) bytes of bits.
+#pragma once
+
+#include "codec/codec_record.h"
+#include "codec/wire.h"
+
+namespace gradzip {
+
+struct SignLayout {
+  uint32_t block;
+  uint64_t blocks;
+  wire::Section scales, bits;
+};
+// The one parser of a sign payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
+SignLayout read_sign_layout(wire::Reader& r, int64_t n);
+
+const CodecRecord& sign_record();
+extern const DeviceHalf kSignDevice;  // cuda/sign_encode.cu
+
+}  // namespace gradzip

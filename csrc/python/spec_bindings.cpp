@@ -1,0 +1,71 @@
+// gradzip._C.Spec: a spec string bound once (gradzip/bound_spec.h), and the registries'
+// listings of names and keys.
+#include <pybind11/stl.h>
+
+#include "codec/codec_record.h"
+#include "gradzip/aggregation.h"
+#include "python/bindings.h"
+
+namespace py = pybind11;
+
+namespace gradzip::python {
+namespace {
+
+py::list keys_to_python(const std::vector<SpecKey>& keys) {
+  py::list out;
+  for (const auto& k : keys) {
+    out.append(py::dict(py::arg("name") = k.name, py::arg("default") = k.default_value,
+                        py::arg("expects") = k.expects(), py::arg("help") = k.help));
+  }
+  return out;
+}
+
+}  // namespace
+
+void bind_spec(py::module_& m) {
+  py::register_exception<SpecError>(m, "SpecError", PyExc_ValueError);
+  py::class_<BoundSpec>(m, "Spec")
+      .def(py::init<std::string_view>(), py::arg("text"))
+      .def("__str__", &BoundSpec::str)
+      .def("__repr__", [](const BoundSpec& s) { return "gradzip.Spec('" + s.str() + "')"; })
+      .def("__eq__", [](const BoundSpec& a, const BoundSpec& b) { return a.str() == b.str(); })
+      .def("__hash__", [](const BoundSpec& s) { return py::hash(py::str(s.str())); })
+      .def(py::pickle([](const BoundSpec& s) { return s.str(); },
+                      [](const std::string& text) { return BoundSpec(text); }))
+      .def_property_readonly("name", &BoundSpec::name)
+      .def_property_readonly("params", [](const BoundSpec& s) { return s.spec().params; })
+      .def_property_readonly("decentralized", &BoundSpec::decentralized)
+      .def_property_readonly("codec",
+                             [](const BoundSpec& s) -> py::object {
+                               return s.codec() ? py::cast(s.codec_spec().str()) : py::none();
+                             },
+                             "The codec's own spec (its name and keys), or None without a codec.")
+      .def_property_readonly("error_feedback",
+                             [](const BoundSpec& s) -> py::object {
+                               return s.spec().has("ef") ? py::cast(s.spec().get_bool("ef", false)) : py::none();
+                             },
+                             "The ef key, or None when the spec leaves it to the default.")
+      .def_property_readonly("seed", [](const BoundSpec& s) -> py::object {
+        return s.spec().has("seed") ? py::cast(s.spec().get_int("seed", 0)) : py::none();
+      });
+  m.def("aggregation_kinds", [] {
+    py::list out;
+    for (const auto& k : aggregation_kinds()) {
+      out.append(py::dict(py::arg("name") = k.name, py::arg("summary") = k.summary,
+                          py::arg("keys") = keys_to_python(k.keys), py::arg("all_keys") = keys_to_python(all_keys(k)),
+                          py::arg("decentralized") = k.decentralized,
+                          py::arg("codec") = k.codec_from == AggregationKind::CodecFrom::kName));
+    }
+    return out;
+  });
+  m.def("codec_kinds", [] {
+    py::list out;
+    for (const auto* r : codec_records()) {
+      out.append(py::dict(py::arg("name") = r->name, py::arg("summary") = r->summary,
+                          py::arg("keys") = keys_to_python(r->keys), py::arg("device") = r->device != nullptr));
+    }
+    return out;
+  });
+}
+
+}  // namespace gradzip::python
