@@ -2,7 +2,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
-#include "gradzip/backend.h"
+#include "c10d/gradzip_backend.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -69,6 +69,9 @@ void bind_backend(py::module_& m) {
       .def("load_state_dict", [](gradzip::Backend& b, const std::map<std::string, at::Tensor>& state) {
         b.aggregation().load_state_dict(state);
       });
+  // The implementation's own type, so that pybind11 hands out a group's gradzip backend
+  // as a gradzip._C.Backend (it looks objects up by their most-derived type).
+  py::class_<GradzipBackend, gradzip::Backend, GilFreeDestructorPtr<GradzipBackend>>(m, "_GradzipBackend");
 }
 
 }  // namespace gradzip::python

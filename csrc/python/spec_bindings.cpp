@@ -48,6 +48,8 @@ void bind_spec(py::module_& m) {
       .def_property_readonly("seed", [](const BoundSpec& s) -> py::object {
         return s.spec().has("seed") ? py::cast(s.spec().get_int("seed", 0)) : py::none();
       });
+  // So that _C functions taking a Spec also take its text (tests, benchmarks).
+  py::implicitly_convertible<py::str, BoundSpec>();
   m.def("aggregation_kinds", [] {
     py::list out;
     for (const auto& k : aggregation_kinds()) {

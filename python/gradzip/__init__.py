@@ -15,7 +15,7 @@ import torch.distributed  # before _C: pybind11 must know c10d.Backend first
 
 from ._extension import _C
 from .launch import init_process_group, launch_environment
-from .options import Options, SpecError, aggregations, canonical_spec
+from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, stats
 from . import codec, hooks
@@ -39,7 +39,7 @@ def cuda_architectures() -> list:
 register()
 
 __all__ = [
-    "Aggregation", "Options", "PayloadError", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
+    "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
     "cuda_architectures", "cuda_built", "hooks", "init_process_group", "launch_environment", "register",
     "reset_stats", "stats",
 ]

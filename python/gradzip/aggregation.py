@@ -21,9 +21,7 @@ import torch.distributed as dist
 
 from ._extension import _C
 from ._transport import transport_of
-from .options import canonical_spec
-
-_DECENTRALIZED = ("gossip", "choco")
+from .options import bind_spec
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -31,11 +29,11 @@ class Aggregation:
     """An aggregation named by a spec (docs/spec.md) over a process group (default: the
     default group), applied to a model's gradients or parameters, or to tensors."""
 
-    def __init__(self, spec: str, group=None):
-        self.spec = canonical_spec(spec)
+    def __init__(self, spec, group=None):
+        self.spec = bind_spec(spec)  # a string or a gradzip.Spec
         self.group = group
         self._aggregation = _C.Aggregation(self.spec)
-        self.decentralized = self.spec.split(":", 1)[0] in _DECENTRALIZED
+        self.decentralized = self.spec.decentralized
 
     def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]], op: str = "avg",
                  mode: Optional[str] = None, buffers: bool = False):
@@ -82,9 +80,10 @@ class Aggregation:
         self._aggregation.reset_stats()
 
     def state_dict(self) -> dict:
-        return {"spec": self.spec, "tensors": self._aggregation.state_dict()}
+        """The spec's text and the state as named tensors ("<key>/<field>")."""
+        return {"spec": str(self.spec), "tensors": self._aggregation.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if canonical_spec(state["spec"]) != self.spec:
-            raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {self.spec!r}")
+        if bind_spec(state["spec"]) != self.spec:
+            raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {str(self.spec)!r}")
         self._aggregation.load_state_dict(state["tensors"])

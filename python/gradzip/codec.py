@@ -4,7 +4,9 @@
     data = gradzip.codec.encode(grad, "stc:density=0.01", state)
     total = gradzip.codec.decode(data, like=grad)
 
-The spec names a codec and its keys (docs/spec.md); the bytes are the wire format of
+The spec is the same string the backend and the hook take (docs/spec.md): a codec, its
+keys, and the keys of its aggregation (`ef` and `seed` apply here and override the
+State's; `min_numel`, `warmup` shape all-reduces only). The bytes are the wire format of
 docs/wire-format.md. decode() checks every length and index and raises PayloadError
 (a ValueError) naming what is wrong with a truncated, corrupt or hostile payload.
 """
@@ -13,10 +15,9 @@ from typing import Optional
 import torch
 
 from ._extension import _C
+from .options import SpecError, bind_spec
 
 PayloadError = _C.PayloadError
-
-_CODEC_KEYS = {name: set(keys) for name, _, keys in _C.codec_kinds()}
 
 
 class State:
@@ -47,38 +48,36 @@ class State:
         self.seed, self.rank, self.error_feedback = state["seed"], state["rank"], state["error_feedback"]
 
 
-def _check_spec(spec: str) -> None:
-    name = spec.split(":", 1)[0].strip()
-    if name not in _CODEC_KEYS:
-        raise _C.SpecError(f"gradzip: unknown codec {name!r} in spec {spec!r}; valid codecs: "
-                           + ", ".join(_CODEC_KEYS))
-    given = {item.split("=", 1)[0].strip() for item in spec.split(":", 1)[1].split(",")} if ":" in spec else set()
-    unknown = given - _CODEC_KEYS[name]
-    if unknown:
-        raise _C.SpecError(f"gradzip: unknown key {sorted(unknown)[0]!r} for codec {name!r} in spec {spec!r}; "
-                           f"valid keys: {', '.join(sorted(_CODEC_KEYS[name])) or '(none)'}")
+def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
+    """The payload of `tensor` (any shape, a floating dtype) under `spec` (a string or a
+    gradzip.Spec naming a codec).
 
-
-def encode(tensor: torch.Tensor, spec: str, state: Optional[State] = None) -> bytes:
-    """The payload of `tensor` (any shape, a floating dtype) under codec `spec`.
-
-    With a State, encodes tensor + state.residual (when error feedback is on), updates
-    the residual and advances state.step."""
+    With a State, encodes tensor + state.residual (when error feedback is on: the spec's
+    `ef`, else state.error_feedback), updates the residual and advances state.step."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         raise TypeError(f"gradzip.codec.encode takes a floating tensor, not {getattr(tensor, 'dtype', type(tensor))}")
-    _check_spec(spec)
+    bound = bind_spec(spec)
+    if bound.codec is None:
+        raise SpecError(f"gradzip.codec: {str(bound)!r} names an aggregation without a codec; codecs: "
+                        + ", ".join(kind["name"] for kind in _C.codec_kinds()))
+    if bound.decentralized:
+        raise SpecError(f"gradzip.codec: {str(bound)!r} is decentralized gossip, not a codec; encode with "
+                        f"{bound.codec!r} instead")
     x = tensor.detach().to("cpu", torch.float32).contiguous().view(-1)
     residual, seed, step, rank = None, 0, 0, 0
     if state is not None:
         seed, step, rank = state.seed, state.step, state.rank
-        if state.error_feedback:
+        error_feedback = state.error_feedback if bound.error_feedback is None else bound.error_feedback
+        if error_feedback:
             if state.residual is None:
                 state.residual = torch.zeros(x.numel(), dtype=torch.float32)
             if state.residual.numel() != x.numel():
                 raise ValueError(f"gradzip.codec.encode: the state's residual has {state.residual.numel()} "
                                  f"elements, the tensor {x.numel()}: use one State per tensor")
             residual = state.residual
-    data = _C.encode(x, spec, residual, seed, step, rank)
+    if bound.seed is not None:
+        seed = bound.seed
+    data = _C.encode(x, bound, residual, seed, step, rank)
     if state is not None:
         state.step += 1
     return data

@@ -23,16 +23,14 @@ import torch.distributed as dist
 
 from ._extension import _C
 from ._transport import transport_of
-from .options import canonical_spec
-
-_DECENTRALIZED = ("gossip", "choco")
+from .options import Spec, bind_spec
 
 
 class State:
     """State of the gradzip comm hook; every option has a default.
 
-    spec: the aggregation spec, e.g. "stc:density=0.01", "topk:density=0.01",
-        "sign", "qsgd:bits=4" (docs/spec.md).
+    spec: the aggregation spec, a string or a gradzip.Spec, e.g. "stc:density=0.01",
+        "topk:density=0.01", "sign", "qsgd:bits=4" (docs/spec.md).
     process_group: the group to aggregate over (default: the default group).
     start_iter: iterations that go exact before compression starts; at least 1,
         because DDP rebuilds its buckets after the first iteration (default 1).
@@ -41,24 +39,23 @@ class State:
         and a resume (default None: per bucket index).
     """
 
-    def __init__(self, spec: str, process_group=None, start_iter: int = 1, model=None):
-        name = spec.split(":", 1)[0].strip()
-        if name in _DECENTRALIZED:
+    def __init__(self, spec, process_group=None, start_iter: int = 1, model=None):
+        bound = bind_spec(spec)
+        if bound.decentralized:
             raise ValueError(
-                f"gradzip.hooks: {name!r} is decentralized gossip: each rank ends with a neighbour average, "
+                f"gradzip.hooks: {bound.name!r} is decentralized gossip: each rank ends with a neighbour average, "
                 "not the global average DDP needs to keep replicas identical. Train decentralized with "
-                f"gradzip.Aggregation({spec!r})(model) after each optimizer step instead.")
+                f"gradzip.Aggregation({str(bound)!r})(model) after each optimizer step instead.")
         if start_iter < 1:
             raise ValueError("gradzip.hooks.State: start_iter must be >= 1 (DDP rebuilds buckets after iteration 1)")
-        self.spec = canonical_spec(spec)
+        self.spec: Spec = bound
         self.process_group = process_group
         self.start_iter = start_iter
         self.iteration = 0
-        self._aggregation = _C.Aggregation(self.spec)
-        self._exact = _C.Aggregation("allreduce")
+        self._aggregation = _C.Aggregation(bound)
+        self._exact = _C.Aggregation(Spec("allreduce"))
         module = getattr(model, "module", model)
         self._names = None if model is None else {id(p): name for name, p in module.named_parameters()}
-        self._residuals = {}  # parameter name -> residual, when the model was given
 
     def stats(self) -> dict:
         """Bytes moved by this hook since the last reset_stats(), exact iterations included."""
@@ -70,17 +67,18 @@ class State:
         self._exact.reset_stats()
 
     def state_dict(self) -> dict:
-        """Everything a resumed job needs to continue bit-exactly (no process group)."""
-        return {"spec": self.spec, "start_iter": self.start_iter, "iteration": self.iteration,
-                "buckets": self._aggregation.state_dict(),
-                "parameters": {name: r.clone() for name, r in self._residuals.items()}}
+        """Everything a resumed job needs to continue bit-exactly (no process group):
+        the spec's text, the iteration counters, and the aggregation's state as named
+        tensors ("<key>/<field>", keyed by bucket index or by parameter name)."""
+        return {"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
+                "state": self._aggregation.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        if canonical_spec(state["spec"]) != self.spec:
-            raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs {self.spec!r}")
+        if bind_spec(state["spec"]) != self.spec:
+            raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs "
+                             f"{str(self.spec)!r}")
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
-        self._aggregation.load_state_dict(state["buckets"])
-        self._residuals = {name: r.clone() for name, r in state["parameters"].items()}
+        self._aggregation.load_state_dict(state["state"])
 
     def __getstate__(self):  # pickling drops the process group, as PowerSGDState does
         return self.state_dict()
@@ -89,20 +87,12 @@ class State:
         self.__init__(state["spec"])
         self.load_state_dict(state)
 
-    def _allreduce_per_parameter(self, bucket: dist.GradBucket, buffer: torch.Tensor, transport) -> None:
-        """The bucket's residual is assembled from, and returned to, its parameters' residuals."""
-        params = bucket.parameters()
+    def _pieces(self, bucket: dist.GradBucket) -> list:
+        """The bucket's parameters as (name, numel): their state is kept per parameter."""
         try:
-            names = [self._names[id(p)] for p in params]
+            return [(self._names[id(p)], p.numel()) for p in bucket.parameters()]
         except KeyError:
             raise RuntimeError("gradzip.hooks: a bucket holds a parameter of another model than State(model=...)")
-        residual = torch.cat([self._residuals.get(name, torch.zeros(p.numel())) for name, p in zip(names, params)])
-        done = self.iteration - self.start_iter  # compressed iterations so far: the same for every bucket
-        self._aggregation.set_tensor_state("bucket", {"residual": residual, "calls": done, "step": done})
-        self._aggregation.allreduce(buffer, "bucket", dist.ReduceOp.AVG, transport)
-        after = self._aggregation.tensor_state("bucket")["residual"]  # unchanged when error feedback is off
-        for name, part in zip(names, after.split([p.numel() for p in params])):
-            self._residuals[name] = part.clone()
 
 
 def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -112,7 +102,7 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
     if state.iteration < state.start_iter:
         state._exact.allreduce(buffer, f"bucket:{bucket.index()}", dist.ReduceOp.AVG, transport)
     elif state._names is not None:
-        state._allreduce_per_parameter(bucket, buffer, transport)
+        state._aggregation.allreduce_pieces(buffer, state._pieces(bucket), dist.ReduceOp.AVG, transport)
     else:
         state._aggregation.allreduce(buffer, f"bucket:{bucket.index()}", dist.ReduceOp.AVG, transport)
     if bucket.is_last():

@@ -7,11 +7,12 @@ passed as ``pg_options``, then the ``GRADZIP_AGGREGATION`` environment variable,
 """
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 from ._extension import _C
 
 SpecError = _C.SpecError  # a ValueError
+Spec = _C.Spec  # a spec string bound once: Spec("topk:density=0.01"); str(spec) is its canonical text
 
 _TRUE = {"1", "true", "on", "yes"}
 _FALSE = {"0", "false", "off", "no"}
@@ -29,12 +30,12 @@ class Options:
         ``$GRADZIP_VALIDATE``, else on.
     """
 
-    aggregation: Optional[str] = None
+    aggregation: Union[str, Spec, None] = None
     validate: Optional[bool] = None
 
-    def resolved_spec(self) -> str:
+    def resolved_spec(self) -> Spec:
         spec = self.aggregation if self.aggregation is not None else os.environ.get("GRADZIP_AGGREGATION")
-        return canonical_spec(spec if spec is not None else "allreduce")
+        return bind_spec(spec if spec is not None else "allreduce")
 
     def resolved_validate(self) -> bool:
         if self.validate is not None:
@@ -47,13 +48,24 @@ class Options:
         raise ValueError(f"GRADZIP_VALIDATE must be 1/0, true/false, on/off or yes/no, not {value!r}")
 
 
-def canonical_spec(spec: str) -> str:
-    """Checks a spec (name, keys, values) and returns its canonical text; raises SpecError."""
+def bind_spec(spec) -> Spec:
+    """A spec string (or a Spec) as a Spec: parsed and checked once (name, keys, values);
+    raises SpecError naming what is wrong and listing what is valid."""
+    if isinstance(spec, Spec):
+        return spec
     if not isinstance(spec, str):
-        raise TypeError(f"gradzip: an aggregation spec is a string, not {type(spec).__name__}")
-    return _C.canonical_spec(spec)
+        raise TypeError(f"gradzip: an aggregation spec is a string or a gradzip.Spec, not {type(spec).__name__}")
+    return Spec(spec)
+
+
+def canonical_spec(spec) -> str:
+    """Checks a spec (name, keys, values) and returns its canonical text; raises SpecError."""
+    return str(bind_spec(spec))
 
 
 def aggregations() -> dict:
-    """Every aggregation name with a one-line summary and its valid keys."""
-    return {name: {"summary": summary, "keys": list(keys)} for name, summary, keys in _C.aggregation_kinds()}
+    """Every aggregation name with a one-line summary and its valid keys, with each key's
+    default, valid values and meaning."""
+    return {kind["name"]: {"summary": kind["summary"], "keys": [key["name"] for key in kind["all_keys"]],
+                           "key_details": kind["all_keys"], "decentralized": kind["decentralized"]}
+            for kind in _C.aggregation_kinds()}

@@ -248,8 +248,19 @@ def test_codec_round_trip_and_errors():
         gradzip.codec.decode(data[:-3], like=x)
     with pytest.raises(gradzip.PayloadError, match="holds 1500 elements, the output has 10"):
         gradzip.codec.decode(data, like=torch.zeros(10))
-    with pytest.raises(gradzip.SpecError, match="unknown key 'ef' for codec 'stc'"):
-        gradzip.codec.encode(x, "stc:ef=1")
+    # The spec a process group takes works here too: ef and seed apply, the rest is all-reduce's.
+    no_feedback = gradzip.codec.State()
+    gradzip.codec.encode(x, "stc:density=0.02,ef=0,min_numel=10", no_feedback)
+    assert no_feedback.residual is None and no_feedback.step == 1
+    bound = gradzip.Spec("stc:ef=0,density=0.02")
+    assert str(bound) == "stc:density=0.02,ef=0" and bound.codec == "stc:density=0.02"
+    assert gradzip.codec.encode(x, bound) == gradzip.codec.encode(x, "stc:density=0.02")
+    with pytest.raises(gradzip.SpecError, match="unknown key 'level' for aggregation 'stc'"):
+        gradzip.codec.encode(x, "stc:level=1")
+    with pytest.raises(gradzip.SpecError, match="aggregation without a codec"):
+        gradzip.codec.encode(x, "allreduce")
+    with pytest.raises(gradzip.SpecError, match="decentralized gossip, not a codec"):
+        gradzip.codec.encode(x, "choco:gamma=0.5")
     with pytest.raises(TypeError, match="floating tensor"):
         gradzip.codec.encode(torch.ones(3, dtype=torch.int64), "topk")
     assert gradzip.codec.decode(gradzip.codec.encode(x.half(), "fp16"), like=x.half()).equal(x.half())

@@ -148,7 +148,8 @@ def choco_resume(rank, world):
     for _ in range(3):
         resumed_agg(model)
     resumed = torch.cat([p.detach().flatten() for p in model.parameters()])
-    copies = saved[1]["tensors"]["model:weight"]["public_copies"]
+    prefix = "model:weight/public_copy_"
+    copies = [int(name[len(prefix):]) for name in saved[1]["tensors"] if name.startswith(prefix)]
     return torch.equal(uninterrupted, resumed), sorted(copies)
 
 
