@@ -150,7 +150,9 @@ SpecKey SpecKey::text(std::string name, std::string default_value, std::string h
 std::string SpecKey::expects() const {
   switch (type) {
     case Type::kNumber: return "a number in (" + format_number(low) + ", " + format_number(high) + "]";
-    case Type::kInteger: return "an integer in [" + format_number(low) + ", " + format_number(high) + "]";
+    case Type::kInteger:
+      if (high >= 9e18) return "an integer >= " + format_number(low);
+      return "an integer in [" + format_number(low) + ", " + format_number(high) + "]";
     case Type::kBool: return "a boolean (1/0, true/false, on/off)";
     case Type::kChoice: return "one of " + join(choices);
     case Type::kText: return "text";

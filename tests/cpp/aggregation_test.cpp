@@ -79,7 +79,7 @@ TEST(BoundSpecTest, ValuesAreCheckedByTheKeyThatOwnsThem) {
       {"qsgd:norm=l1", "norm must be one of l2, max"},
       {"sign:vote=maybe", "vote must be one of mean, majority"},
       {"sign:vote=majority,block=8", "block must be 0"},
-      {"stc:min_numel=-1", "min_numel must be an integer in [0"},
+      {"stc:min_numel=-1", "min_numel must be an integer >= 0"},
       {"stc:ef=maybe", "'ef' expects a boolean"},
       {"gossip:topology=star", "topology must be one of ring"},
       {"gossip:topology=explicit", "edges"},
