@@ -49,47 +49,39 @@ const AggregationKind& find_kind(const Spec& spec) {
 
 const std::vector<AggregationKind>& aggregation_kinds() {
   static const std::vector<AggregationKind> kinds = [] {
-    std::vector<AggregationKind> all;
-    AggregationKind exact;
-    exact.name = "allreduce";
-    exact.summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)";
-    exact.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-      return std::make_unique<ExactAllreduce>(spec);
-    };
-    all.push_back(exact);
+    using Kind = AggregationKind;
+    std::vector<Kind> all = {{.name = "allreduce",
+                              .summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)",
+                              .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                                return std::make_unique<ExactAllreduce>(spec);
+                              }}};
     // Every codec is also an aggregation: allgather its payloads, decode and reduce.
     for (const auto* codec : codec_records()) {
-      AggregationKind compressed;
-      compressed.name = codec->name;
-      compressed.summary = codec->summary;
-      compressed.keys = compressed_aggregation_keys();
-      compressed.codec_from = AggregationKind::CodecFrom::kName;
-      compressed.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-        return std::make_unique<CompressedAllreduce>(spec);
-      };
-      all.push_back(compressed);
+      all.push_back({.name = codec->name,
+                     .summary = codec->summary,
+                     .keys = compressed_aggregation_keys(),
+                     .codec_from = Kind::CodecFrom::kName,
+                     .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                       return std::make_unique<CompressedAllreduce>(spec);
+                     }});
     }
-    AggregationKind gossip;
-    gossip.name = "gossip";
-    gossip.summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)";
-    gossip.keys = topology_keys();
-    gossip.decentralized = true;
-    gossip.check = check_topology_spec;
-    gossip.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-      return std::make_unique<GossipAverage>(spec);
-    };
-    all.push_back(gossip);
-    AggregationKind choco;
-    choco.name = "choco";
-    choco.summary = "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences";
-    choco.keys = choco_keys();
-    choco.codec_from = AggregationKind::CodecFrom::kCompressKey;
-    choco.decentralized = true;
-    choco.check = check_choco_spec;
-    choco.make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-      return std::make_unique<ChocoGossip>(spec);
-    };
-    all.push_back(choco);
+    all.push_back({.name = "gossip",
+                   .summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
+                   .keys = topology_keys(),
+                   .decentralized = true,
+                   .check = check_topology_spec,
+                   .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                     return std::make_unique<GossipAverage>(spec);
+                   }});
+    all.push_back({.name = "choco",
+                   .summary = "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences",
+                   .keys = choco_keys(),
+                   .codec_from = Kind::CodecFrom::kCompressKey,
+                   .decentralized = true,
+                   .check = check_choco_spec,
+                   .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                     return std::make_unique<ChocoGossip>(spec);
+                   }});
     return all;
   }();
   return kinds;
@@ -135,16 +127,9 @@ BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&fi
   if (kind_->check) kind_->check(spec_);
   if (codec) {
     codec_spec_.name = codec->name;
-    try {
-      codec_ = codec->make(codec->parse(codec_spec_));
-    } catch (const SpecError& e) {  // name the whole spec, as the user wrote it
-      const std::string what = e.what();
-      const std::string inner = "spec '" + codec_spec_.str() + "'";
-      const auto at = what.find(inner);
-      throw SpecError(at == std::string::npos ? what
-                                              : what.substr(0, at) + "spec '" + spec_.str() + "'" +
-                                                    what.substr(at + inner.size()));
-    }
+    // parse() reads only the codec's keys; given the whole spec, its errors name the
+    // spec as the user wrote it.
+    codec_ = codec->make(codec->parse(spec_));
   }
 }
 

@@ -117,9 +117,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   const at::Device device = residual_device(tensors.front());
   std::unique_lock<std::mutex> lock(mutex_);
   // One state for the whole tensor, assembled from the pieces' and returned to them.
-  CompressedState whole;
-  whole.calls = states_[pieces.front().key].calls;
-  whole.step = states_[pieces.front().key].step;
+  const CompressedState& first = states_[pieces.front().key];
+  CompressedState whole{at::Tensor(), first.calls, first.step};
   if (error_feedback_) {
     std::vector<at::Tensor> parts;
     for (const auto& piece : pieces) parts.push_back(residual_on(states_[piece.key], device, piece.numel, piece.key));

@@ -94,45 +94,39 @@ float from_half(uint16_t h) { return math::half_to_float(h); }
 uint16_t to_bf16(float x) { return math::float_to_bf16(x); }
 float from_bf16(uint16_t b) { return math::bf16_to_float(b); }
 
-CodecParameters no_keys(CodecId id, const Spec&) {
-  CodecParameters p;
-  p.id = id;
-  return p;
+// A record for a codec without keys: its parameters are its id alone.
+template <CodecId kId, typename CastCodec>
+CodecRecord cast_record(std::string name, std::string summary) {
+  return {kId,
+          std::move(name),
+          std::move(summary),
+          {},
+          [](const Spec&) {
+            CodecParameters p;
+            p.id = kId;
+            return p;
+          },
+          [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<CastCodec>(p); },
+          nullptr};
 }
 
 }  // namespace
 
 const CodecRecord& identity_record() {
-  static const CodecRecord record = {
-      CodecId::kIdentity, "identity", "every element as fp32 (no compression)", {},
-      [](const Spec& spec) { return no_keys(CodecId::kIdentity, spec); },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<IdentityCodec>(p); },
-      nullptr,
-  };
+  static const CodecRecord record =
+      cast_record<CodecId::kIdentity, IdentityCodec>("identity", "every element as fp32 (no compression)");
   return record;
 }
 
 const CodecRecord& fp16_record() {
-  static const CodecRecord record = {
-      CodecId::kFp16, "fp16", "every element as IEEE half (2 bytes)", {},
-      [](const Spec& spec) { return no_keys(CodecId::kFp16, spec); },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> {
-        return std::make_unique<HalfCodec<CodecId::kFp16, to_half, from_half>>(p);
-      },
-      nullptr,
-  };
+  static const CodecRecord record = cast_record<CodecId::kFp16, HalfCodec<CodecId::kFp16, to_half, from_half>>(
+      "fp16", "every element as IEEE half (2 bytes)");
   return record;
 }
 
 const CodecRecord& bf16_record() {
-  static const CodecRecord record = {
-      CodecId::kBf16, "bf16", "every element as bfloat16 (2 bytes)", {},
-      [](const Spec& spec) { return no_keys(CodecId::kBf16, spec); },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> {
-        return std::make_unique<HalfCodec<CodecId::kBf16, to_bf16, from_bf16>>(p);
-      },
-      nullptr,
-  };
+  static const CodecRecord record = cast_record<CodecId::kBf16, HalfCodec<CodecId::kBf16, to_bf16, from_bf16>>(
+      "bf16", "every element as bfloat16 (2 bytes)");
   return record;
 }
 

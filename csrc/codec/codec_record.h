@@ -63,7 +63,8 @@ struct CodecRecord {
   std::string summary;
   std::vector<SpecKey> keys;
   // The parameters of a spec whose keys were checked one by one (check_keys): defaults,
-  // and the rules that tie keys together. Throws SpecError.
+  // and the rules that tie keys together. Reads only the codec's own keys (the spec may
+  // hold an aggregation's too). Throws SpecError.
   CodecParameters (*parse)(const Spec& spec);
   std::unique_ptr<Codec> (*make)(const CodecParameters& parameters);
   const DeviceHalf* device;  // null: no kernels; CUDA tensors go through the host codec

@@ -33,4 +33,16 @@ class SelectionCodec : public CodecBase {
 std::vector<SpecKey> selection_keys();
 CodecParameters parse_selection(CodecId id, const Spec& spec);
 
+// The record of a selection codec: its keys and parameters are the same for all of them.
+template <CodecId kId, typename SelectionType>
+CodecRecord selection_record(std::string name, std::string summary, const DeviceHalf* device) {
+  return {kId,
+          std::move(name),
+          std::move(summary),
+          selection_keys(),
+          [](const Spec& spec) { return parse_selection(kId, spec); },
+          [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SelectionType>(p); },
+          device};
+}
+
 }  // namespace gradzip

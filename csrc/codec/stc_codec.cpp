@@ -128,15 +128,10 @@ class StcCodec final : public SelectionCodec {
 }  // namespace
 
 const CodecRecord& stc_record() {
-  static const CodecRecord record = {
-      CodecId::kStc,
-      "stc",
-      "sparse ternary: top density·n positions (Golomb-coded) with one sign bit each and one mean",
-      selection_keys(),
-      [](const Spec& spec) { return parse_selection(CodecId::kStc, spec); },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<StcCodec>(p); },
-      GRADZIP_DEVICE_HALF(kStcDevice),
-  };
+  static const CodecRecord record =
+      selection_record<CodecId::kStc, StcCodec>(
+      "stc", "sparse ternary: top density·n positions (Golomb-coded) with one sign bit each and one mean",
+      GRADZIP_DEVICE_HALF(kStcDevice));
   return record;
 }
 

@@ -83,15 +83,10 @@ class TopKCodec final : public SelectionCodec {
 }  // namespace
 
 const CodecRecord& topk_record() {
-  static const CodecRecord record = {
-    CodecId::kTopK,
-    "topk",
-    "the ceil(density·n) largest magnitudes as (index, value); approx=1 estimates the threshold",
-    selection_keys(),
-    [](const Spec& spec) { return parse_selection(CodecId::kTopK, spec); },
-    [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<TopKCodec>(p); },
-    GRADZIP_DEVICE_HALF(kTopKDevice),
-  };
+  static const CodecRecord record =
+      selection_record<CodecId::kTopK, TopKCodec>(
+      "topk", "the ceil(density·n) largest magnitudes as (index, value); approx=1 estimates the threshold",
+      GRADZIP_DEVICE_HALF(kTopKDevice));
   return record;
 }
 
