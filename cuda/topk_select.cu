@@ -330,7 +330,10 @@ Selection select_on_device(const CodecParameters& codec, const float* x, int64_t
                            DeviceArena& arena, cudaStream_t stream) {
   const int64_t k = count_for_density(codec.density, n);
   void* scratch = arena.allocate(topk_scratch_bytes(n));
-  const int64_t count = topk_prepare(x, residual, n, k, codec.approx, scratch, stream);
+  int64_t count = topk_prepare(x, residual, n, k, codec.approx, scratch, stream);
+  // As on the CPU: an approximate threshold that lets too many through gives way to the
+  // exact selection from u, which the first call left in `residual` (or is x).
+  if (count > max_selected(codec, n)) count = topk_prepare(residual ? residual : x, nullptr, n, k, false, scratch, stream);
   auto* indices = static_cast<int64_t*>(arena.allocate(8 * static_cast<size_t>(count > 0 ? count : 1)));
   const float* u = residual ? residual : x;
   if (count > 0) topk_compact(u, n, indices, scratch, stream);

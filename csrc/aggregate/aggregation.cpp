@@ -52,15 +52,18 @@ const std::vector<AggregationKind>& aggregation_kinds() {
     using Kind = AggregationKind;
     std::vector<Kind> all = {{.name = "allreduce",
                               .summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)",
+                              .keys = {},
+                              .check = {},
                               .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
                                 return std::make_unique<ExactAllreduce>(spec);
                               }}};
-    // Every codec is also an aggregation: allgather its payloads, decode and reduce.
+    // Every codec is also an aggregation: its payloads exchanged, decoded and reduced.
     for (const auto* codec : codec_records()) {
       all.push_back({.name = codec->name,
                      .summary = codec->summary,
                      .keys = compressed_aggregation_keys(),
                      .codec_from = Kind::CodecFrom::kName,
+                     .check = {},
                      .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
                        return std::make_unique<CompressedAllreduce>(spec);
                      }});

@@ -2,13 +2,14 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+#include <optional>
+
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #ifdef GRADZIP_WITH_CUDA
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
-#include "aggregate/device_codec_glue.h"
 #include "device_codec.h"
 #endif
 
@@ -20,27 +21,6 @@ bool compressible(const at::Tensor& t) {
   return type == at::kFloat || type == at::kHalf || type == at::kBFloat16;
 }
 
-// Allgathers byte payloads of any sizes over `transport`, on `device` (NCCL moves CUDA
-// tensors only): the sizes, then the payloads padded to the largest. Returns them on the CPU.
-std::vector<at::Tensor> allgather_payloads(const std::vector<uint8_t>& mine, const at::Device& device,
-                                           const c10::intrusive_ptr<c10d::Backend>& transport, int64_t& padded) {
-  const int ranks = transport->getSize();
-  auto size = at::full({1}, static_cast<int64_t>(mine.size()), at::dtype(at::kLong).device(device));
-  auto sizes = at::empty({ranks}, at::dtype(at::kLong).device(device));
-  transport->_allgather_base(sizes, size)->wait();
-  sizes = sizes.cpu();
-  padded = sizes.max().item<int64_t>();
-  auto send = at::zeros({padded}, at::kByte);
-  std::memcpy(send.data_ptr<uint8_t>(), mine.data(), mine.size());
-  send = send.to(device);
-  auto all = at::empty({ranks * padded}, at::dtype(at::kByte).device(device));
-  transport->_allgather_base(all, send)->wait();
-  all = all.cpu();
-  std::vector<at::Tensor> out;
-  for (int r = 0; r < ranks; ++r) out.push_back(all.narrow(0, r * padded, sizes[r].item<int64_t>()));
-  return out;
-}
-
 // The state's residual as a float32 tensor of n elements on `device` (zeros at first).
 at::Tensor& residual_on(CompressedState& state, const at::Device& device, int64_t n, const std::string& key) {
   if (!state.residual.defined()) state.residual = at::zeros({n}, at::dtype(at::kFloat).device(device));
@@ -50,12 +30,40 @@ at::Tensor& residual_on(CompressedState& state, const at::Device& device, int64_
   return state.residual;
 }
 
+// Makes the state's owner residual that of elements [owned.begin, owned.begin +
+// owned.length) of its tensor (zeros when new). An owner residual of other elements goes
+// back into the worker residual first (it would never be sent otherwise): the sum is
+// linear, so this rank's next contribution carries it instead of its owner's. Only
+// with error feedback.
+void own_chunk(CompressedState& state, const Chunk& owned, const at::Device& device, int64_t n,
+               const std::string& key) {
+  if (state.owner_residual.defined() &&
+      (state.owner_offset != owned.begin || state.owner_residual.numel() != owned.length)) {
+    TORCH_CHECK(state.owner_offset >= 0 && state.owner_offset + state.owner_residual.numel() <= n,
+                "gradzip: the owner residual of the tensor keyed '", key, "' covers elements ", state.owner_offset,
+                " to ", state.owner_offset + state.owner_residual.numel(), " of a tensor of ", n);
+    residual_on(state, device, n, key).narrow(0, state.owner_offset, state.owner_residual.numel())
+        .add_(state.owner_residual.to(device));
+    state.owner_residual = at::Tensor();
+  }
+  if (owned.length == 0) return;
+  if (!state.owner_residual.defined()) {
+    state.owner_residual = at::zeros({owned.length}, at::dtype(at::kFloat).device(device));
+    state.owner_offset = owned.begin;
+  }
+  if (state.owner_residual.device() != device) state.owner_residual = state.owner_residual.to(device);
+}
+
 }  // namespace
 
 std::vector<SpecKey> compressed_aggregation_keys() {
   return {SpecKey::boolean("ef", "",
                            "error feedback: add what earlier steps did not send, keep what this step does not send "
                            "(default: on for topk, stc, sign with vote=mean; off otherwise)"),
+          SpecKey::choice("exchange", "auto", {"auto", "oneshot", "twophase"},
+                          "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
+                          "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
+                          "would send more than a ring)"),
           SpecKey::integer("min_numel", "0", 0, 9.2e18, "tensors with fewer elements go exact"),
           SpecKey::integer("warmup", "0", 0, 9.2e18, "the first warmup all-reduces of each tensor go exact"),
           SpecKey::integer("seed", "0", 0, 9.2e18,
@@ -64,6 +72,10 @@ std::vector<SpecKey> compressed_aggregation_keys() {
 
 void CompressedState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
   if (residual.defined()) out[state_name(key, "residual")] = residual.to(at::kCPU).clone();
+  if (owner_residual.defined()) {
+    out[state_name(key, "owner_residual")] = owner_residual.to(at::kCPU).clone();
+    out[state_name(key, "owner_offset")] = count_tensor(owner_offset);
+  }
   out[state_name(key, "calls")] = count_tensor(calls);
   out[state_name(key, "step")] = count_tensor(static_cast<int64_t>(step));
 }
@@ -71,6 +83,10 @@ void CompressedState::save(const std::string& key, std::map<std::string, at::Ten
 void CompressedState::load(const std::string& field, const at::Tensor& value, const std::string& name) {
   if (field == "residual") {
     residual = float_state(value, name);
+  } else if (field == "owner_residual") {
+    owner_residual = float_state(value, name);
+  } else if (field == "owner_offset") {
+    owner_offset = count_of(value, name);
   } else if (field == "calls") {
     calls = count_of(value, name);
   } else if (field == "step") {
@@ -83,6 +99,7 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
 CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
     : StatefulAggregation(spec),
       codec_(spec.codec()),
+      exchange_(parse_exchange_request(spec.spec().get_string("exchange", "auto"))),
       error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
       majority_(codec_->parameters().majority),
       min_numel_(spec.spec().get_int("min_numel", 0)),
@@ -96,12 +113,31 @@ at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const 
   return at::Device(at::kCPU);
 }
 
+CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op,
+                                                   const c10d::Backend& transport,
+                                                   const CompressedState& state) const {
+  const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
+  const int64_t n = tensor.numel();
+  if (!compressible(tensor) || !supported_op || n < min_numel_ || state.calls < warmup_) return {};
+  const int ranks = transport.getSize();
+  Plan plan;
+  plan.scheme = choose_exchange(exchange_, exchange_cost(*codec_, n, tensor.element_size(), ranks));
+  if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
+  return plan;
+}
+
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts,
                                                               const c10::intrusive_ptr<c10d::Backend>& transport,
                                                               Stats& stats, const std::string& key) {
+  TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   std::unique_lock<std::mutex> lock(mutex_);
-  return run(tensors, opts, transport, stats, key, lock, states_[key]);
+  CompressedState& state = states_[key];
+  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
+  if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
+    own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
+  }
+  return run(tensors, opts, transport, stats, key, lock, state, how);
 }
 
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector<at::Tensor>& tensors,
@@ -116,23 +152,50 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
               tensors.front().numel());
   const at::Device device = residual_device(tensors.front());
   std::unique_lock<std::mutex> lock(mutex_);
-  // One state for the whole tensor, assembled from the pieces' and returned to them.
+  // One state for the whole tensor, assembled from the pieces' and returned to them: the
+  // worker residuals end to end, and the owner residuals of the pieces' parts of the
+  // owned chunk, which tile it.
   const CompressedState& first = states_[pieces.front().key];
-  CompressedState whole{at::Tensor(), first.calls, first.step};
-  if (error_feedback_) {
-    std::vector<at::Tensor> parts;
-    for (const auto& piece : pieces) parts.push_back(residual_on(states_[piece.key], device, piece.numel, piece.key));
+  CompressedState whole{at::Tensor(), at::Tensor(), 0, first.calls, first.step};
+  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
+  const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
+  const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
+    const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);
+    const int64_t end = std::clamp(how.owned.begin + how.owned.length, offset, offset + numel);
+    return Chunk{begin - offset, end - begin};
+  };
+  if (keep) {
+    std::vector<at::Tensor> parts, owned_parts;
+    int64_t offset = 0;
+    for (const auto& piece : pieces) {
+      CompressedState& state = states_[piece.key];
+      own_chunk(state, part_of_chunk(offset, piece.numel), device, piece.numel, piece.key);
+      parts.push_back(residual_on(state, device, piece.numel, piece.key));
+      if (state.owner_residual.defined()) owned_parts.push_back(state.owner_residual);
+      offset += piece.numel;
+    }
     whole.residual = at::cat(parts);
+    if (!owned_parts.empty()) {
+      whole.owner_residual = at::cat(owned_parts);
+      whole.owner_offset = how.owned.begin;
+    }
   }
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
-  auto work = run(tensors, opts, transport, stats, key, lock, whole);
+  auto work = run(tensors, opts, transport, stats, key, lock, whole, how);
   lock.lock();
   int64_t offset = 0;
   for (const auto& piece : pieces) {
     CompressedState& state = states_[piece.key];
     state.calls = whole.calls;
     state.step = whole.step;
-    if (error_feedback_) state.residual = whole.residual.narrow(0, offset, piece.numel).clone();
+    if (keep) {
+      state.residual = whole.residual.narrow(0, offset, piece.numel).clone();
+      const Chunk part = part_of_chunk(offset, piece.numel);
+      if (part.length > 0) {
+        state.owner_residual =
+            whole.owner_residual.narrow(0, offset + part.begin - how.owned.begin, part.length).clone();
+      }
+    }
     offset += piece.numel;
   }
   return work;
@@ -142,106 +205,50 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
                                                         const c10d::AllreduceOptions& opts,
                                                         const c10::intrusive_ptr<c10d::Backend>& transport,
                                                         Stats& stats, const std::string& key,
-                                                        std::unique_lock<std::mutex>& lock, CompressedState& state) {
-  TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
+                                                        std::unique_lock<std::mutex>& lock, CompressedState& state,
+                                                        const Plan& how) {
   at::Tensor& tensor = tensors.front();
-  const auto op = opts.reduceOp.op_;
-  const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
-  const int64_t n = tensor.numel();
-  const bool compress = compressible(tensor) && supported_op && n >= min_numel_ && state.calls >= warmup_;
   ++state.calls;
-  if (!compress) {
+  if (how.scheme == ExchangeScheme::kDense) {
     lock.unlock();
     return exact_allreduce(tensors, opts, transport, stats);
   }
-#ifdef GRADZIP_WITH_CUDA
-  if (tensor.is_cuda() && cuda::has_device_half(codec_->id())) {
-    return run_on_device(tensors, op, transport, stats, key, lock, state);
-  }
-#endif
-  float* residual = error_feedback_ ? residual_on(state, at::Device(at::kCPU), n, key).data_ptr<float>() : nullptr;
-
+  const int64_t n = tensor.numel();
   const int ranks = transport->getSize();
-  const auto input = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
-  std::vector<uint8_t> payload;
-  const EncodeContext ctx{seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  codec_->encode(input.data_ptr<float>(), n, residual, ctx, payload);
+  const at::Device device = residual_device(tensor);
+  ExchangeCall call;
+  call.x = tensor.detach().to(device, at::kFloat).contiguous();
+  if (error_feedback_) {
+    call.worker_residual = residual_on(state, device, n, key);
+    if (how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
+  }
+  call.ctx = {seed_, state.step, static_cast<uint32_t>(transport->getRank())};
+  call.majority = majority_;
+  call.key = &key;
+  call.transport_device = tensor.device();
   ++state.step;
   lock.unlock();
 
-  int64_t padded = 0;
-  const auto payloads = allgather_payloads(payload, tensor.device(), transport, padded);
-  // An fp32 CPU tensor is its own sum (the encoder is done with it): no 4n-byte buffer to
-  // allocate and no pass to copy it back. Same additions, same order, same bits.
-  const bool in_place = tensor.device().is_cpu() && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
-  auto sum = in_place ? tensor.view({n}).zero_() : at::zeros({n}, at::kFloat);
-  for (int r = 0; r < ranks; ++r) {
-    try {
-      codec_->decode_add(payloads[r].data_ptr<uint8_t>(), payloads[r].numel(), sum.data_ptr<float>(), n);
-    } catch (const PayloadError& e) {
-      TORCH_CHECK(false, "gradzip: the payload of rank ", r, " for the tensor keyed '", key,
-                  "' cannot be decoded: ", e.what());
-    }
-  }
+#ifdef GRADZIP_WITH_CUDA
+  const std::optional<c10::cuda::CUDAGuard> guard =
+      device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
+#endif
+  // An fp32 tensor on the codec's device is its own sum (the encoder reads it before
+  // anything is written): no 4n-byte buffer and no pass to copy it back.
+  const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
+  at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
+  const auto codec = tensor_codec(codec_, device);
+  const int64_t sent = how.scheme == ExchangeScheme::kTwoPhase
+                           ? twophase_allreduce(*codec, *codec_, call, sum, transport)
+                           : oneshot_allreduce(*codec, *codec_, call, sum, transport);
   if (majority_) {
     sum.sign_();
-  } else if (op == c10d::ReduceOp::AVG) {
+  } else if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) {
     sum.div_(ranks);
   }
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
-  // An allgather sends this rank's (padded) payload to every other rank and receives theirs.
-  stats.add((ranks - 1) * (padded + 8), (ranks - 1) * (padded + 8), ring_allreduce_bytes(n * 4, ranks));
+  stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
   return completed_work(tensors);
 }
-
-#ifdef GRADZIP_WITH_CUDA
-c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run_on_device(
-    std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op, const c10::intrusive_ptr<c10d::Backend>& transport,
-    Stats& stats, const std::string& key, std::unique_lock<std::mutex>& lock, CompressedState& state) {
-  at::Tensor& tensor = tensors.front();
-  const at::Device device = tensor.device();
-  const c10::cuda::CUDAGuard guard(device);
-  const int64_t n = tensor.numel();
-  const int ranks = transport->getSize();
-  at::Tensor residual;
-  if (error_feedback_) residual = residual_on(state, device, n, key);
-  const auto input = tensor.detach().to(at::kFloat).contiguous();
-  const EncodeContext ctx{seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  const at::Tensor payload = encode_on_device(*codec_, input, residual, ctx);
-  ++state.step;
-  lock.unlock();
-
-  // Sizes first (the host needs them to size the rows), then the rows, padded to 8-byte
-  // multiples so that every payload's sections keep their alignment.
-  auto size = at::full({1}, payload.numel(), at::dtype(at::kLong).device(device));
-  auto sizes = at::empty({ranks}, at::dtype(at::kLong).device(device));
-  transport->_allgather_base(sizes, size)->wait();
-  sizes = sizes.cpu();
-  const int64_t largest = sizes.max().item<int64_t>();
-  const int64_t stride = std::max<int64_t>(8, (largest + 7) / 8 * 8);
-  auto send = at::zeros({stride}, at::dtype(at::kByte).device(device));
-  send.narrow(0, 0, payload.numel()).copy_(payload);
-  auto all = at::empty({ranks * stride}, at::dtype(at::kByte).device(device));
-  transport->_allgather_base(all, send)->wait();
-
-  std::vector<size_t> lengths(ranks);
-  for (int r = 0; r < ranks; ++r) lengths[r] = static_cast<size_t>(sizes[r].item<int64_t>());
-  auto sum = at::zeros({n}, at::dtype(at::kFloat).device(device));
-  try {
-    decode_add_on_device(codec_->id(), all, stride, lengths, sum);
-  } catch (const cuda::RankPayloadError& e) {
-    TORCH_CHECK(false, "gradzip: the payload of rank ", e.rank(), " for the tensor keyed '", key,
-                "' cannot be decoded: ", e.what());
-  }
-  if (majority_) {
-    sum = sum.sign();
-  } else if (op == c10d::ReduceOp::AVG) {
-    sum.div_(ranks);
-  }
-  tensor.copy_(sum.view(tensor.sizes()));
-  stats.add((ranks - 1) * (stride + 8), (ranks - 1) * (stride + 8), ring_allreduce_bytes(n * 4, ranks));
-  return completed_work(tensors);
-}
-#endif
 
 }  // namespace gradzip

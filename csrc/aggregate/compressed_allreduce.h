@@ -1,36 +1,45 @@
-// CompressedAllreduce: all-reduce through a codec (gradzip/codec.h).
-//
-// Each rank encodes its tensor (plus its error-feedback residual), the payloads are
-// allgathered over the transport (their sizes first, then the payloads padded to the
-// largest), and every rank decodes all of them in rank order into an fp32 sum, so all
-// ranks end bitwise identical. AVG divides the sum by the world size; vote=majority
-// (sign) returns the sign of the summed votes (0 on a tie). When a payload cannot be
-// decoded, every rank raises the same error and the tensor's contents are unspecified.
+// CompressedAllreduce: all-reduce through a codec (gradzip/codec.h), moved by an
+// exchange (aggregate/exchange.h): one-shot (all-gather of whole payloads), two-phase
+// (all-to-all of chunks, owners reduce and re-encode, all-gather) or dense, chosen per
+// call by the spec's `exchange` key (auto: the fewest bytes for this P, n and codec).
+// All ranks decode the same payloads in the same order into an fp32 sum, so all end
+// bitwise identical. AVG divides the sum by the world size; vote=majority (sign)
+// returns the sign of the summed votes (one-shot: 0 on a tie; two-phase: the owner's
+// vote is a sign bit, +1 on a tie). When a payload cannot be decoded, every rank raises
+// and the tensor's contents are unspecified.
 //
 // Compressed: fp32, fp16 and bf16 tensors (math in fp32, the result cast back) with
 // SUM or AVG. Everything else — other dtypes, other ops, tensors below min_numel, the
-// first `warmup` calls of each tensor — goes through the transport's exact all-reduce.
+// first `warmup` calls of each tensor, auto's dense choice — goes through the
+// transport's exact all-reduce.
 //
 // CUDA tensors whose codec has GPU kernels (topk, stc, sign, qsgd) stay on the GPU in
-// builds with CUDA: encoded on the current stream (residual kept on the device), the
-// payloads allgathered over the transport (NCCL), decoded there in rank order; the
-// Work's future carries the device, so consumers' streams wait for the result. Other
-// codecs copy CUDA tensors to the host and back.
+// builds with CUDA (residuals there too), encoded and decoded on the current stream;
+// the Work's future carries the device. Other codecs copy CUDA tensors to the host and
+// back.
 //
-// Per-tensor state (residual, call count, step) is kept under the caller's key: the
-// backend derives keys from the call sequence, the DDP hook uses bucket indices, the
-// model-level API parameter names. state_dict()/load_state_dict() save and restore it.
+// Error feedback: a worker residual per tensor (what this rank's encodes did not
+// send) and, in two-phase, an owner residual for the chunk this rank owns (what its
+// re-encode of the chunk's sum did not send), kept with the chunk's offset. When the
+// owned chunk moves (another world size, another bucket layout, another exchange), the
+// old owner residual is added to the worker residual, so it is sent next time instead
+// of lost. State is kept under the caller's key: the backend derives keys from the call
+// sequence, the DDP hook uses bucket indices or parameter names, the model-level API
+// parameter names. Calls for one key must not run concurrently.
 #pragma once
 
+#include "aggregate/exchange.h"
 #include "aggregate/stateful_aggregation.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
 
-// One tensor's state: its residual (float32; on the CPU, or on the tensor's GPU when the
-// codec has a device half; undefined until first used), its calls and its encodes.
+// One tensor's state: its residuals (float32; on the CPU, or on the tensor's GPU when
+// the codec has a device half; undefined until used), its calls and its encodes.
 struct CompressedState {
-  at::Tensor residual;
+  at::Tensor residual;        // worker residual, one per element
+  at::Tensor owner_residual;  // two-phase: the owned chunk's, from element owner_offset
+  int64_t owner_offset = 0;
   int64_t calls = 0;  // all-reduces so far, exact ones included
   uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
   void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
@@ -51,18 +60,25 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
  private:
   // The all-reduce on `state`; `lock` holds mutex_ on entry and is released before any
   // communication.
+  // How one call goes: exact, or compressed by an exchange; with two-phase, the chunk
+  // this rank owns.
+  struct Plan {
+    ExchangeScheme scheme = ExchangeScheme::kDense;  // kDense: exact
+    Chunk owned{0, 0};
+  };
+  Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
+            const CompressedState& state) const;
+  // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
+  // released before any communication.
   c10::intrusive_ptr<c10d::Work> run(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,
-                                     CompressedState& state);
-  c10::intrusive_ptr<c10d::Work> run_on_device(std::vector<at::Tensor>& tensors, c10d::ReduceOp::RedOpType op,
-                                               const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                               const std::string& key, std::unique_lock<std::mutex>& lock,
-                                               CompressedState& state);
-  // Where this tensor's residual lives: its GPU when the codec has a device half, else the CPU.
+                                     CompressedState& state, const Plan& plan);
+  // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
 
   std::shared_ptr<const Codec> codec_;
+  ExchangeRequest exchange_;
   bool error_feedback_;
   bool majority_;
   int64_t min_numel_;

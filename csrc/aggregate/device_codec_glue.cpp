@@ -3,6 +3,8 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <cstring>
+
 #include "device_codec.h"
 
 namespace gradzip {
@@ -60,13 +62,61 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
   check_on_device(sum, sum.device(), "the sum");
   TORCH_CHECK(gathered.device() == sum.device() && gathered.scalar_type() == at::kByte && gathered.is_contiguous(),
               "gradzip: the payloads must be a contiguous uint8 tensor on ", sum.device());
-  TORCH_CHECK(stride % 8 == 0 && gathered.numel() >= stride * static_cast<int64_t>(sizes.size()),
-              "gradzip: the payload buffer is smaller than its rows");
-  for (size_t size : sizes) TORCH_CHECK(size <= static_cast<size_t>(stride), "gradzip: a payload is longer than its row");
+  TORCH_CHECK(stride % 8 == 0, "gradzip: payload rows must be a multiple of 8 bytes apart, got ", stride);
+  for (size_t r = 0; r < sizes.size(); ++r) {
+    TORCH_CHECK(sizes[r] <= static_cast<size_t>(stride) &&
+                    static_cast<int64_t>(r) * stride + static_cast<int64_t>(sizes[r]) <= gathered.numel(),
+                "gradzip: the payload of row ", r, " does not fit in the payload buffer");
+  }
   const c10::cuda::CUDAGuard guard(sum.device());
   TorchArena arena(sum.device());
   cuda::device_decode_add(codec, gathered.data_ptr<uint8_t>(), static_cast<size_t>(stride), sizes,
                           sum.data_ptr<float>(), sum.numel(), arena, c10::cuda::getCurrentCUDAStream(sum.device().index()));
+}
+
+namespace {
+
+class DeviceTensorCodec final : public TensorCodec {
+ public:
+  explicit DeviceTensorCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
+
+  void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
+              at::Tensor slot) const override {
+    const at::Tensor payload = encode_on_device(*codec_, x, residual, ctx);
+    const int64_t size = payload.numel();
+    TORCH_INTERNAL_ASSERT(size <= slot.numel() - kSlotHeaderBytes, "gradzip: a payload of ", size,
+                          " bytes is larger than its codec's bound (", slot.numel() - kSlotHeaderBytes, ")");
+    slot.narrow(0, 0, kSlotHeaderBytes).copy_(at::full({1}, size, at::kLong).view(at::kByte));
+    slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
+    slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();
+  }
+
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum) const override {
+    const at::Tensor declared =
+        slots.narrow(0, 0, rows * stride).view({rows, stride}).narrow(1, 0, kSlotHeaderBytes).contiguous().cpu();
+    std::vector<size_t> sizes(rows);
+    for (int r = 0; r < rows; ++r) {
+      uint64_t size;
+      std::memcpy(&size, declared.data_ptr<uint8_t>() + r * kSlotHeaderBytes, 8);
+      sizes[r] = slot_payload_size(size, stride, r);
+    }
+    const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
+    try {
+      decode_add_on_device(codec_->id(), payloads, stride, sizes, sum);
+    } catch (const cuda::RankPayloadError& e) {
+      throw SlotError(e.rank(), e.what());
+    }
+  }
+
+ private:
+  std::shared_ptr<const Codec> codec_;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec) {
+  TORCH_CHECK(cuda::has_device_half(codec->id()), "gradzip: the ", codec->name(), " codec has no GPU encoder");
+  return std::make_unique<DeviceTensorCodec>(std::move(codec));
 }
 
 }  // namespace gradzip

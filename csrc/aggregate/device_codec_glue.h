@@ -4,8 +4,10 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <vector>
 
+#include "aggregate/exchange.h"
 #include "codec/codec_record.h"
 
 namespace gradzip {
@@ -22,5 +24,10 @@ at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::T
 // Throws cuda::RankPayloadError naming the first invalid one.
 void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t stride, const std::vector<size_t>& sizes,
                           at::Tensor& sum);
+
+// The TensorCodec (aggregate/exchange.h) of a codec with a device half, for CUDA
+// tensors: encodes and decodes on the current stream. Decoding reads the slots' sizes
+// on the host (one small copy).
+std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec);
 
 }  // namespace gradzip

@@ -7,6 +7,7 @@ void DirectAggregation::allreduce(const at::Tensor& tensor, const std::string& k
   std::vector<at::Tensor> tensors = {tensor};
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
+  worker_.drain();
   aggregation_->allreduce(tensors, opts, transport, stats_, key)->wait();
 }
 
@@ -14,9 +15,32 @@ void DirectAggregation::allreduce_pieces(const at::Tensor& tensor, const std::ve
                                          const c10d::ReduceOp& op,
                                          const c10::intrusive_ptr<c10d::Backend>& transport) {
   std::vector<at::Tensor> tensors = {tensor};
+  worker_.drain();
+  run_pieces(tensors, pieces, op, transport)->wait();
+}
+
+c10::intrusive_ptr<c10d::Work> DirectAggregation::submit_pieces(const at::Tensor& tensor,
+                                                                const std::vector<TensorPiece>& pieces,
+                                                                const c10d::ReduceOp& op,
+                                                                const c10::intrusive_ptr<c10d::Backend>& transport) {
+  std::vector<at::Tensor> tensors = {tensor};
+  if (tensor.is_cuda()) {
+    worker_.drain();
+    return run_pieces(tensors, pieces, op, transport);
+  }
+  return worker_.submit(tensors, [this, tensors, pieces, op, transport]() mutable {
+    run_pieces(tensors, pieces, op, transport)->wait();
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> DirectAggregation::run_pieces(std::vector<at::Tensor>& tensors,
+                                                             const std::vector<TensorPiece>& pieces,
+                                                             const c10d::ReduceOp& op,
+                                                             const c10::intrusive_ptr<c10d::Backend>& transport) {
   c10d::AllreduceOptions opts;
   opts.reduceOp = op;
-  aggregation_->allreduce_pieces(tensors, opts, transport, stats_, pieces)->wait();
+  if (pieces.size() == 1) return aggregation_->allreduce(tensors, opts, transport, stats_, pieces.front().key);
+  return aggregation_->allreduce_pieces(tensors, opts, transport, stats_, pieces);
 }
 
 }  // namespace gradzip

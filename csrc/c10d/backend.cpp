@@ -92,6 +92,11 @@ const c10::intrusive_ptr<c10d::Backend>& GradzipBackend::transport_for(const std
 }
 
 void GradzipBackend::verify(const CollectiveCall& call) {
+  worker_.drain();
+  check_call(call);
+}
+
+void GradzipBackend::check_call(const CollectiveCall& call) {
   if (check_) check_->verify(call);
 }
 
@@ -109,8 +114,15 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>
   const auto& transport = transport_for(tensors, "all_reduce");
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
-  verify(call);
-  return aggregation_->allreduce(tensors, opts, transport, stats_, identity_->key(tensors.front()));
+  std::string key = identity_->key(tensors.front());  // in call order
+  if (tensors.front().is_cuda()) {
+    verify(call);
+    return aggregation_->allreduce(tensors, opts, transport, stats_, key);
+  }
+  return worker_.submit(tensors, [this, tensors, opts, call, key = std::move(key), transport]() mutable {
+    check_call(call);
+    aggregation_->allreduce(tensors, opts, transport, stats_, key)->wait();
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -252,14 +264,17 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::alltoall(std::vector<at::Tensor>&
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  worker_.drain();
   return transport_for(tensors, "send")->send(tensors, dst_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  worker_.drain();
   return transport_for(tensors, "recv")->recv(tensors, src_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  worker_.drain();
   return transport_for(tensors, "recv")->recvAnysource(tensors, tag);
 }
 
@@ -273,6 +288,7 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::barrier(const c10d::BarrierOption
 
 void GradzipBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) {
   TORCH_CHECK(!closed_.load(), "gradzip: monitored_barrier on a process group that was shut down or aborted");
+  worker_.drain();
   cpu_->monitoredBarrier(opts, wait_all_ranks);
 }
 
@@ -282,6 +298,7 @@ uint64_t GradzipBackend::getSequenceNumberForGroup() {
 
 void GradzipBackend::shutdown() {
   if (closed_.exchange(true)) return;
+  worker_.drain();
   cpu_->shutdown();
   if (cuda_) cuda_->shutdown();
 }

@@ -1,6 +1,10 @@
 // GradzipBackend: the implementation of gradzip::Backend (gradzip/backend.h).
 //
-// all_reduce runs the configured Aggregation. Every other collective is forwarded
+// all_reduce runs the configured Aggregation: for CPU tensors on the group's worker
+// thread (aggregate/ordered_worker.h), so that the call returns at once and DDP goes
+// on with its backward pass; CUDA tensors in the caller's thread, on its stream. Every
+// other call first waits for the queued all-reduces, so no transport call overtakes
+// one. Every other collective is forwarded
 // unchanged to a real transport: the CPU transport (Gloo) for CPU tensors, the CUDA
 // transport (NCCL) for CUDA tensors. Before a collective is forwarded, and when
 // `validate` is on, every rank confirms that all ranks made the same call with
@@ -16,6 +20,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include "aggregate/ordered_worker.h"
 #include "gradzip/backend.h"
 
 namespace gradzip {
@@ -103,7 +108,9 @@ class GradzipBackend final : public Backend {
   const c10::intrusive_ptr<c10d::Backend>& transport_for(const std::vector<at::Tensor>& tensors,
                                                          const char* op) const;
   const c10::intrusive_ptr<c10d::Backend>& transport_for(const at::Tensor& tensor, const char* op) const;
+  // Waits for queued all-reduces, then checks the call across ranks (when validating).
   void verify(const CollectiveCall& call);
+  void check_call(const CollectiveCall& call);
 
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
@@ -113,6 +120,7 @@ class GradzipBackend final : public Backend {
   Stats stats_;
   std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets
   std::atomic<bool> closed_{false};
+  OrderedWorker worker_;  // last: its jobs use the members above until it is gone
 };
 
 }  // namespace gradzip

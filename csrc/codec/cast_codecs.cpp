@@ -15,6 +15,7 @@ class IdentityCodec final : public ValueCodec {
  public:
   using ValueCodec::ValueCodec;
   bool biased() const override { return false; }
+  size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 4; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "identity");
@@ -63,6 +64,7 @@ class HalfCodec final : public ValueCodec {
  public:
   using ValueCodec::ValueCodec;
   bool biased() const override { return false; }
+  size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 2; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, kId == CodecId::kFp16 ? "fp16" : "bf16");

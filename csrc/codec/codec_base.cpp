@@ -1,5 +1,6 @@
 #include "codec/codec_base.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace gradzip {
@@ -19,6 +20,11 @@ void ValueCodec::encode(const float* x, int64_t n, float* residual, const Encode
 int64_t count_for_density(double density, int64_t n) {
   const double k = std::ceil(density * static_cast<double>(n));
   return k <= 0 ? 0 : k >= static_cast<double>(n) ? n : static_cast<int64_t>(k);
+}
+
+int64_t max_selected(const CodecParameters& parameters, int64_t n) {
+  const int64_t k = count_for_density(parameters.density, n);
+  return parameters.approx ? std::min(n, 2 * k + 64) : k;
 }
 
 }  // namespace gradzip

@@ -90,4 +90,9 @@ CodecParameters parse_codec(const Spec& spec);
 // k = ceil(density × n), clamped to [0, n].
 int64_t count_for_density(double density, int64_t n);
 
+// The most entries a selection codec (top-k, STC) sends for n elements: k, or with
+// approx = true up to min(n, 2k + 64); an approximate threshold that lets more through
+// is replaced by the exact selection, on the CPU and on the GPU alike.
+int64_t max_selected(const CodecParameters& parameters, int64_t n);
+
 }  // namespace gradzip

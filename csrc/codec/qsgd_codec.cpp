@@ -41,6 +41,11 @@ class QsgdCodec final : public ValueCodec {
   explicit QsgdCodec(const CodecParameters& p)
       : ValueCodec(p), levels_(p.levels), bucket_(p.bucket), max_norm_(p.max_norm) {}
   bool biased() const override { return false; }
+  size_t max_payload_bytes(int64_t n) const override {
+    const uint64_t buckets = (static_cast<uint64_t>(n) + bucket_ - 1) / bucket_;
+    return kPayloadHeaderBytes + 8 + buckets * 4 +
+           wire::bytes_for_bits(static_cast<uint64_t>(n) * qsgd_code_width(levels_));
+  }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "qsgd");

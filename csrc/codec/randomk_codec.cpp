@@ -34,6 +34,9 @@ class RandomKCodec final : public ValueCodec {
  public:
   explicit RandomKCodec(const CodecParameters& p) : ValueCodec(p), density_(p.density), unbiased_(p.unbiased) {}
   bool biased() const override { return !unbiased_; }
+  size_t max_payload_bytes(int64_t n) const override {
+    return kPayloadHeaderBytes + 28 + static_cast<size_t>(count_for_density(density_, n)) * 4;
+  }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "randomk");

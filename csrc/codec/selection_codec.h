@@ -19,7 +19,14 @@ class SelectionCodec : public CodecBase {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
     const int64_t k = count_for_density(parameters_.density, n);
-    parameters_.approx ? select_topk_approx(x, residual, n, k, chosen) : select_topk(x, residual, n, k, chosen);
+    if (parameters_.approx) {
+      select_topk_approx(x, residual, n, k, chosen);
+      // The sampled threshold can let far more than k through: then select exactly from
+      // u, which the approximate pass left in `residual` (or is x).
+      if (static_cast<int64_t>(chosen.size()) > max_selected(parameters_, n)) select_topk(residual ? residual : x, nullptr, n, k, chosen);
+    } else {
+      select_topk(x, residual, n, k, chosen);
+    }
     write(residual ? residual : x, n, chosen, out);
     if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
   }

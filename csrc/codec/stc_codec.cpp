@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "codec/bitpack.h"
@@ -40,11 +41,41 @@ int stc_golomb_parameter(int64_t k, int64_t n) {
   return b < 0 ? 0 : b > kMaxGolombParameter ? kMaxGolombParameter : static_cast<int>(b);
 }
 
+// k gaps add up to at most n − k; with parameter b they take Σ(⌊g/2^b⌋ + 1 + b) ≤
+// ⌊(n − k)/2^b⌋ + k(1 + b) bits. That grows with k for a fixed b, and b only falls as k
+// grows (k ≥ 1), so the largest k of each b (b takes at most 41 values) bounds all the
+// others. No positions take no bytes.
+uint64_t stc_max_position_bytes(int64_t n, int64_t max_k) {
+  const auto bound = [n](int64_t k, int b) {
+    return wire::bytes_for_bits((static_cast<uint64_t>(n - k) >> b) + static_cast<uint64_t>(k) * (1 + b));
+  };
+  uint64_t most = 0;
+  for (int64_t k = max_k; k >= 1;) {
+    const int b = stc_golomb_parameter(k, n);
+    most = std::max(most, bound(k, b));
+    int64_t low = 1, high = k;  // the smallest k' with the same b
+    while (low < high) {
+      const int64_t mid = low + (high - low) / 2;
+      if (stc_golomb_parameter(mid, n) == b) {
+        high = mid;
+      } else {
+        low = mid + 1;
+      }
+    }
+    k = low - 1;
+  }
+  return std::min<uint64_t>(most, wire::bytes_for_bits(n));
+}
+
 namespace {
 
 class StcCodec final : public SelectionCodec {
  public:
   using SelectionCodec::SelectionCodec;
+  size_t max_payload_bytes(int64_t n) const override {
+    const int64_t max_k = max_selected(parameters_, n);
+    return kPayloadHeaderBytes + 22 + stc_max_position_bytes(n, max_k) + wire::bytes_for_bits(max_k);
+  }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "stc");

@@ -27,6 +27,9 @@ StcLayout read_stc_layout(wire::Reader& r, int64_t n);
 
 // STC's Golomb-Rice parameter for k positions among n (0 when k = 0 or k = n).
 int stc_golomb_parameter(int64_t k, int64_t n);
+// The most position bytes a payload of at most max_k positions among n takes (Golomb-Rice
+// bound, or the bitmap when smaller).
+uint64_t stc_max_position_bytes(int64_t n, int64_t max_k);
 
 const CodecRecord& stc_record();
 extern const DeviceHalf kStcDevice;  // cuda/stc_encode.cu

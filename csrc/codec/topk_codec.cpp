@@ -23,6 +23,10 @@ namespace {
 class TopKCodec final : public SelectionCodec {
  public:
   using SelectionCodec::SelectionCodec;
+  size_t max_payload_bytes(int64_t n) const override {
+    const size_t width = n <= (int64_t{1} << 32) ? 4 : 8;
+    return kPayloadHeaderBytes + 9 + static_cast<size_t>(max_selected(parameters_, n)) * (width + 4);
+  }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "topk");

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "aggregate/direct_aggregation.h"
+#include "aggregate/exchange.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -14,8 +15,37 @@ py::dict stats_to_python(const Stats& stats) {
                   py::arg("bytes_received") = s.bytes_received, py::arg("dense_bytes") = s.dense_bytes);
 }
 
+namespace {
+
+// Its worker thread may need the GIL to finish a job (a Python callback on a future it
+// completes), so the GIL is released while it is joined.
+struct ReleaseGilDelete {
+  void operator()(DirectAggregation* aggregation) const {
+    py::gil_scoped_release no_gil;
+    delete aggregation;
+  }
+};
+
+}  // namespace
+
 void bind_aggregation(py::module_& m) {
-  py::class_<DirectAggregation>(m, "Aggregation")
+  m.def(
+      "exchange_plan",
+      [](const BoundSpec& spec, int64_t numel, int world_size, int64_t element_size) {
+        const auto codec = spec.codec();
+        TORCH_CHECK(codec && !spec.decentralized(), "gradzip: '", spec.str(),
+                    "' is not a compressed all-reduce; it has no exchange");
+        TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1,
+                    "gradzip: exchange_plan needs numel >= 0, world_size >= 1 and element_size >= 1");
+        const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size);
+        const auto request = parse_exchange_request(spec.spec().get_string("exchange", "auto"));
+        return py::dict(py::arg("choice") = exchange_name(choose_exchange(request, cost)),
+                        py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
+                        py::arg("twophase") = cost.twophase);
+      },
+      py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"));
+
+  py::class_<DirectAggregation, std::unique_ptr<DirectAggregation, ReleaseGilDelete>>(m, "Aggregation")
       .def(py::init<const BoundSpec&>(), py::arg("spec"))
       .def_property_readonly("spec", [](const DirectAggregation& a) { return a.aggregation().spec(); })
       .def("allreduce", &DirectAggregation::allreduce, py::arg("tensor"), py::arg("key"), py::arg("op"),
@@ -32,6 +62,18 @@ void bind_aggregation(py::module_& m) {
           },
           py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
           "Reduces `tensor`, the concatenation of the (key, numel) pieces, in place; each piece keeps its state.")
+      .def(
+          "submit_pieces",
+          [](DirectAggregation& a, const at::Tensor& tensor, const std::vector<std::pair<std::string, int64_t>>& pieces,
+             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+            std::vector<TensorPiece> named;
+            for (const auto& [key, numel] : pieces) named.push_back({key, numel});
+            py::gil_scoped_release no_gil;
+            return a.submit_pieces(tensor, named, op, transport);
+          },
+          py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
+          "allreduce_pieces on the aggregation's worker thread, after every call submitted before it; returns "
+          "a c10d Work at once (CUDA tensors: runs now, on the current stream).")
       .def("state_dict", [](const DirectAggregation& a) { return a.aggregation().state_dict(); })
       .def("load_state_dict",
            [](DirectAggregation& a, const std::map<std::string, at::Tensor>& state) {

@@ -66,6 +66,10 @@ class Codec {
   // Adds scale × the payload's values to out[0..n). Throws PayloadError when the
   // payload is not a valid payload of this codec for n elements.
   virtual void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale = 1.0f) const = 0;
+
+  // The largest payload encode() can write for n elements (header included): what an
+  // exchange reserves per payload so that no rank has to send its size first.
+  virtual size_t max_payload_bytes(int64_t n) const = 0;
 };
 
 // The payload header, as decoded by read_payload_header().

@@ -87,3 +87,12 @@ class Aggregation:
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {str(self.spec)!r}")
         self._aggregation.load_state_dict(state["tensors"])
+
+
+def exchange_plan(spec, numel: int, world_size: int, element_size: int = 4) -> dict:
+    """How a compressed all-reduce of `numel` elements (of `element_size` bytes) over
+    `world_size` ranks moves: the bytes one rank sends by each exchange ("dense": the
+    transport's ring all-reduce; "oneshot"; "twophase") and the one the spec's `exchange`
+    key picks ("choice"; auto takes the fewest bytes, dense unless compression sends
+    fewer). These are the bytes gradzip.stats() counts for such a call."""
+    return _C.exchange_plan(bind_spec(spec), numel, world_size, element_size)

@@ -4,7 +4,11 @@
     ddp.register_comm_hook(state, gradzip.hooks.hook)
 
 Each bucket is aggregated with the spec's aggregation and averaged over the ranks
-(DDP does not average when a hook is registered; the hook does). Error feedback is kept
+(DDP does not average when a hook is registered; the hook does). The hook returns at
+once: CPU buckets are aggregated on a worker thread, in bucket order, while autograd
+computes the gradients of the next buckets; the future completes when the bucket's
+result is in place. CUDA buckets are aggregated on the current stream when the hook
+runs. Error feedback is kept
 per bucket index, or per parameter name when the State is given the model. DDP rebuilds
 its buckets after the first iteration, so the first `start_iter` iterations go exact and
 compressed state starts after them. The returned future holds the bucket's buffer, as
@@ -99,14 +103,12 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
     """Averages the bucket over the ranks with the state's aggregation."""
     buffer = bucket.buffer()
     transport = transport_of(state.process_group, buffer.device)
+    whole = [(f"bucket:{bucket.index()}", buffer.numel())]
     if state.iteration < state.start_iter:
-        state._exact.allreduce(buffer, f"bucket:{bucket.index()}", dist.ReduceOp.AVG, transport)
-    elif state._names is not None:
-        state._aggregation.allreduce_pieces(buffer, state._pieces(bucket), dist.ReduceOp.AVG, transport)
+        work = state._exact.submit_pieces(buffer, whole, dist.ReduceOp.AVG, transport)
     else:
-        state._aggregation.allreduce(buffer, f"bucket:{bucket.index()}", dist.ReduceOp.AVG, transport)
+        pieces = state._pieces(bucket) if state._names is not None else whole
+        work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():
         state.iteration += 1
-    future = torch.futures.Future(devices=[buffer.device] if buffer.is_cuda else None)
-    future.set_result(buffer)
-    return future
+    return work.get_future().then(lambda fut: fut.value()[0])

@@ -50,6 +50,33 @@ TEST(CodecTest, HeaderNamesCodecAndCount) {
   }
 }
 
+// Exchanges reserve max_payload_bytes(n) per payload: no encode may write more, and
+// every codec but STC (Golomb-coded positions) and approximate top-k writes exactly it.
+TEST(CodecTest, PayloadsFitTheirBound) {
+  std::vector<float> heavy(4096, 0.0f);  // an approximate threshold meets ties: capped
+  for (size_t i = 0; i < heavy.size(); i += 2) heavy[i] = 1.0f;
+  for (const auto& spec : kSpecs) {
+    const auto codec = make_codec(parse_spec(spec));
+    const bool variable = codec->id() == CodecId::kStc || spec.find("approx") != std::string::npos;
+    for (int64_t n : {0, 1, 7, 64, 999, 4096, 100003}) {
+      for (int seed = 0; seed < 3; ++seed) {
+        auto x = random_input(n, seed, seed == 2 ? 1e-30f : 1.0f);
+        std::vector<float> residual(n, 0.5f);
+        const auto plain = encode(spec, x);
+        const auto with_feedback = encode(spec, x, residual.data(), {7, 1, 2});
+        for (const auto* payload : {&plain, &with_feedback}) {
+          if (variable) {
+            EXPECT_LE(payload->size(), codec->max_payload_bytes(n)) << spec << " n=" << n;
+          } else {
+            EXPECT_EQ(payload->size(), codec->max_payload_bytes(n)) << spec << " n=" << n;
+          }
+        }
+      }
+    }
+    EXPECT_LE(encode(spec, heavy).size(), codec->max_payload_bytes(4096)) << spec;
+  }
+}
+
 TEST(CodecTest, EncodingIsDeterministic) {
   const auto x = random_input(5000, 2);
   for (const auto& spec : kSpecs) {

@@ -111,12 +111,18 @@ def bytes_counted(rank, world, spec):
 
 @pytest.mark.parametrize("spec", ["stc:density=0.01", "sign", "qsgd"])
 def test_stats_match_the_payload_sizes(spec):
+    import gradzip
     world = 4
-    for stats, largest in run_ranks(bytes_counted, world, spec):
-        # An allgather sends the (padded) payload and its size to each of the other ranks.
-        assert stats["bytes_sent"] == (world - 1) * (largest + 8), (stats, largest)
-        assert stats["dense_bytes"] == 2 * (world - 1) * 5000 * 4 // world
-        assert stats["calls"] == 1
+    for exchange in ("oneshot", "twophase"):
+        plan = gradzip.exchange_plan(f"{spec}{',' if ':' in spec else ':'}exchange={exchange}", 5000, world)
+        for stats, largest in run_ranks(bytes_counted, world, f"{spec}{',' if ':' in spec else ':'}exchange={exchange}"):
+            # Payloads travel in slots of the codec's bound (8-byte size, payload, padding):
+            # one-shot sends one to each other rank, two-phase two (a chunk each).
+            assert stats["bytes_sent"] == plan[exchange], (stats, plan)
+            if exchange == "oneshot":
+                assert largest + 8 <= plan["oneshot"] // (world - 1) < largest + 8 + 8 + (5000 // 8 if "stc" in spec else 0)
+            assert stats["dense_bytes"] == 2 * (world - 1) * 5000 * 4 // world
+            assert stats["calls"] == 1
 
 
 def per_parameter_loop(rank, world, spec):

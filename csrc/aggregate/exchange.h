@@ -1,0 +1,124 @@
+// Exchange: how a compressed all-reduce moves its payloads between the ranks, the same
+// code for CPU and CUDA tensors (a TensorCodec encodes and decodes on the tensor's
+// device; the transport moves the bytes).
+//
+// one-shot: every rank encodes its whole vector; the payloads are all-gathered; every
+//   rank decodes all P of them in rank order. Sends (P − 1)·c(n) bytes per rank.
+// two-phase: every rank encodes its vector as P chunks (chunk j = elements
+//   [⌊j·n/P⌋, ⌊(j+1)·n/P⌋)), all-to-all; rank j decodes the P pieces of chunk j in rank
+//   order into fp32, adds its owner residual, re-encodes (its owner residual keeps what
+//   that encoding did not carry) and all-gathers; every rank decodes the P chunks.
+//   Sends 2·(P − 1)·c(n/P) bytes per rank: flat in P.
+// dense: the transport's own all-reduce, 2·(P − 1)/P·n·(element size) bytes per rank.
+//
+// Payloads travel in slots of a size known from the codec and n (no size exchange):
+// a u64 length, the payload, zero padding to a multiple of 8 bytes. All ranks decode the
+// same payloads in the same order, so all end bitwise identical. A payload that cannot
+// be decoded raises on every rank: in two-phase, an owner that cannot decode a piece
+// sends a failed slot, which every rank reports.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "gradzip/codec.h"
+
+namespace gradzip {
+
+enum class ExchangeScheme { kDense, kOneShot, kTwoPhase };
+const char* exchange_name(ExchangeScheme scheme);
+
+// What a spec's `exchange` key asks for: auto, oneshot or twophase.
+enum class ExchangeRequest { kAuto, kOneShot, kTwoPhase };
+ExchangeRequest parse_exchange_request(const std::string& value);
+
+// Bytes one rank sends for an all-reduce of n elements of `element_bytes` each over
+// `ranks` ranks, by each scheme (slot framing included).
+struct ExchangeCost {
+  int64_t dense;
+  int64_t oneshot;
+  int64_t twophase;
+};
+ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks);
+
+// auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
+// sends fewer than the dense ring (ties go to dense, then one-shot). oneshot and
+// twophase are taken as asked.
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost);
+
+// Chunk j of n elements split over `ranks`: [begin, begin + length), begin = ⌊j·n/ranks⌋.
+struct Chunk {
+  int64_t begin;
+  int64_t length;
+};
+Chunk exchange_chunk(int64_t n, int ranks, int j);
+
+// A payload that could not be decoded: the row (rank) it came from, and why.
+class SlotError : public std::runtime_error {
+ public:
+  SlotError(int row, const std::string& what) : std::runtime_error(what), row_(row) {}
+  int row() const { return row_; }
+
+ private:
+  int row_;
+};
+
+// Slots: a u64 payload size, the payload, zero padding. A failed slot (size
+// kFailedSlot) is what an owner sends when it could not decode a piece.
+constexpr int64_t kSlotHeaderBytes = 8;
+constexpr uint64_t kFailedSlot = ~uint64_t{0};
+// The bytes of a slot that holds any payload of `codec` for n elements.
+int64_t slot_bytes(const Codec& codec, int64_t n);
+// Writes `size` payload bytes into a slot in host memory.
+void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes);
+// The payload size a slot of `slot_bytes` declares, checked; throws SlotError(row).
+size_t slot_payload_size(uint64_t declared, int64_t slot_bytes, int row);
+// Marks a slot (uint8 tensor, any device) failed.
+void mark_failed_slot(at::Tensor slot);
+
+// A codec on the tensors of one device.
+class TensorCodec {
+ public:
+  virtual ~TensorCodec() = default;
+  // Encodes x (contiguous float32) into `slot` (uint8, slot_bytes(codec, x.numel()));
+  // with a defined `residual` (float32, x.numel(), same device) with error feedback.
+  virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
+                      at::Tensor slot) const = 0;
+  // Adds the payloads of `rows` slots, slot r at byte r·stride of `slots`, into `sum`
+  // (contiguous float32), in order r = 0, 1, ... Throws SlotError naming the first
+  // slot that cannot be decoded (a failed slot included).
+  virtual void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum) const = 0;
+};
+
+// The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
+// GPU (CUDA builds; the codec must have one).
+std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device);
+
+// One all-reduce's inputs. `x`: contiguous float32 on the codec's device, read before
+// anything is written to `sum`, so the two may be the same tensor. The residuals are
+// undefined without error feedback; `owner_residual` (two-phase) has the length of this
+// rank's chunk.
+struct ExchangeCall {
+  at::Tensor x;
+  at::Tensor worker_residual;
+  at::Tensor owner_residual;
+  EncodeContext ctx;
+  bool majority = false;  // two-phase owners vote: sign of the sum of their pieces
+  const std::string* key = nullptr;  // names the tensor in error messages
+  // Where the transport takes its buffers (NCCL: the GPU, also for a codec that runs
+  // on the host); slots are copied there and back when it is not x's device.
+  at::Device transport_device = at::kCPU;
+};
+
+// Writes the sum over the ranks into `sum` (contiguous float32, n elements, on the
+// codec's device) and returns the bytes this rank sent.
+int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+                          const c10::intrusive_ptr<c10d::Backend>& transport);
+int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+                           const c10::intrusive_ptr<c10d::Backend>& transport);
+
+}  // namespace gradzip

@@ -1,0 +1,64 @@
+#include "aggregate/ordered_worker.h"
+
+namespace gradzip {
+
+OrderedWorker::~OrderedWorker() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> tensors, std::function<void()> job) {
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    TORCH_CHECK(!stopping_, "gradzip: the process group's worker has stopped");
+    if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
+      lock.unlock();
+      Job now{std::move(job), std::move(tensors), future};
+      run(now);
+      return c10d::Work::create_from_future(future);
+    }
+    jobs_.push_back({std::move(job), std::move(tensors), future});
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+  }
+  wake_.notify_one();
+  return c10d::Work::create_from_future(future);
+}
+
+void OrderedWorker::drain() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  idle_.wait(lock, [this] { return jobs_.empty() && !running_; });
+}
+
+void OrderedWorker::run(Job& job) {
+  try {
+    job.run();
+  } catch (...) {
+    job.future->setError(std::current_exception());
+    return;
+  }
+  job.future->markCompleted(c10::IValue(job.tensors));
+}
+
+void OrderedWorker::loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (true) {
+    wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+    if (jobs_.empty()) return;  // stopping, and nothing left to run
+    Job job = std::move(jobs_.front());
+    jobs_.pop_front();
+    running_ = true;
+    lock.unlock();
+    run(job);
+    job = Job();  // its future's callbacks go here, before the queue may look idle
+    lock.lock();
+    running_ = false;
+    if (jobs_.empty()) idle_.notify_all();
+  }
+}
+
+}  // namespace gradzip

@@ -1,0 +1,57 @@
+// OrderedWorker: one thread that runs a process group's aggregations in the order they
+// were submitted, so that their transport calls (which Gloo matches by sequence) are
+// issued in the same order on every rank, while the caller goes on (DDP overlaps
+// bucket i's aggregation with the backward pass of the buckets after it).
+//
+// submit() returns at once with a Work whose future completes with the given tensors
+// when the job has run, or with the job's exception. Futures complete on the worker
+// thread, so their callbacks run there; a job submitted from there (a callback that
+// issues the next collective and waits for it, as PowerSGD's hook does) runs at once,
+// in the callback, instead of waiting behind the queue for a thread that waits for it. drain() waits until every
+// submitted job has finished: a caller that is about to issue a transport call of its
+// own calls it first, so that the call cannot overtake a queued one. The thread starts
+// with the first job; the destructor lets queued jobs finish, then joins it.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+namespace gradzip {
+
+class OrderedWorker {
+ public:
+  OrderedWorker() = default;
+  ~OrderedWorker();
+  OrderedWorker(const OrderedWorker&) = delete;
+  OrderedWorker& operator=(const OrderedWorker&) = delete;
+
+  // Queues `job`; the returned Work's future holds `tensors` once it has run.
+  c10::intrusive_ptr<c10d::Work> submit(std::vector<at::Tensor> tensors, std::function<void()> job);
+  // Returns when every job submitted so far has finished.
+  void drain();
+
+ private:
+  struct Job {
+    std::function<void()> run;
+    std::vector<at::Tensor> tensors;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
+  };
+  void loop();
+  static void run(Job& job);
+
+  std::mutex mutex_;
+  std::condition_variable wake_;  // a job was queued, or stopping
+  std::condition_variable idle_;  // the queue emptied and no job runs
+  std::deque<Job> jobs_;
+  bool running_ = false;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace gradzip
