@@ -1,0 +1,123 @@
+"""Asynchronous all-reduce: the backend and the DDP hook return before the exchange is
+done, run calls in call order, and give the bits of the synchronous path."""
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ranks import run_ranks
+
+SPEC = "qsgd:bits=4,exchange=twophase,seed=5"
+
+
+def returns_before_the_others_arrive(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=SPEC))
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(rank))
+    if rank == 1:
+        time.sleep(1.5)
+    start = time.monotonic()
+    work = dist.all_reduce(x, async_op=True)
+    returned = time.monotonic() - start
+    done_at_return = work.is_completed()
+    work.wait()
+    return returned, done_at_return, x
+
+
+def test_the_backend_returns_at_once():
+    outs = run_ranks(returns_before_the_others_arrive, 2)
+    returned, done, x0 = outs[0]
+    assert returned < 0.5 and not done  # rank 0 got its Work while rank 1 still slept
+    assert torch.equal(x0, outs[1][2])
+
+
+def queued_against_one_by_one(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=SPEC))
+    other = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=SPEC))
+    tensors = [torch.randn(n, generator=torch.Generator().manual_seed(10 * rank + i))
+               for i, n in enumerate([5000, 17, 3001, 5000, 64])]
+    queued = [t.clone() for t in tensors]
+    works = [dist.all_reduce(t, op=dist.ReduceOp.AVG, async_op=True) for t in queued]
+    # A collective of another kind waits for the queued all-reduces, then runs.
+    flag = torch.tensor([rank], dtype=torch.int64)
+    dist.broadcast(flag, src=1)
+    for w in works:
+        w.wait()
+    one_by_one = [t.clone() for t in tensors]
+    for t in one_by_one:
+        dist.all_reduce(t, op=dist.ReduceOp.AVG, group=other)
+    return all(torch.equal(a, b) for a, b in zip(queued, one_by_one)), int(flag), queued
+
+
+def test_queued_calls_give_the_synchronous_bits():
+    outs = run_ranks(queued_against_one_by_one, 3)
+    for same, flag, queued in outs:
+        assert same and flag == 1
+        assert all(torch.equal(a, b) for a, b in zip(queued, outs[0][2]))
+
+
+def train(rank, world, spec, door, wait_each_bucket):
+    import gradzip
+    if door == "backend":
+        gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+        group = None
+    else:
+        dist.init_process_group("gloo")
+        group = dist.group.WORLD
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 10))
+    ddp = DDP(model, process_group=group, bucket_cap_mb=0.005)
+    if door == "hook":
+        state = gradzip.hooks.State(spec, model=ddp)
+        if wait_each_bucket:  # the synchronous path: each bucket done before the hook returns
+            def hook(state, bucket):
+                fut = gradzip.hooks.hook(state, bucket)
+                fut.wait()
+                return fut
+        else:
+            hook = gradzip.hooks.hook
+        ddp.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in model.parameters()])
+
+
+def test_asynchronous_ddp_gives_the_synchronous_bits():
+    spec = "stc:density=0.05,exchange=twophase"
+    asynchronous = run_ranks(train, 2, spec, "hook", False)
+    synchronous = run_ranks(train, 2, spec, "hook", True)
+    assert torch.equal(asynchronous[0], asynchronous[1])
+    assert torch.equal(asynchronous[0], synchronous[0])
+    backend = run_ranks(train, 2, spec, "backend", False)
+    assert torch.equal(backend[0], backend[1])
+
+
+def powersgd_over_gradzip(rank, world):
+    """PyTorch's PowerSGD hook waits for a second all-reduce inside a future's callback,
+    which runs on gradzip's worker thread: that must not deadlock."""
+    import gradzip
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+    ddp = DDP(model)
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+    ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        opt.zero_grad()
+        ddp(torch.randn(8, 32, generator=torch.Generator().manual_seed(step + 10 * rank))).sum().backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in model.parameters()])
+
+
+def test_powersgd_runs_over_the_gradzip_backend():
+    outs = run_ranks(powersgd_over_gradzip, 2, timeout=120)
+    assert torch.equal(outs[0], outs[1])
