@@ -9,9 +9,18 @@ all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path). 
 size the calls go round the methods in turn, so drift in the machine's load hits all
 alike. A call's time is the slowest rank's, after a barrier; the table gives the median
 over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
-2(P-1)/P x 4n bytes of a ring all-reduce) and the speedup over Gloo. Rank 0 prints the
-table and writes JSON.
+2(P-1)/P x 4n bytes of a ring all-reduce), the exchange gradzip chose (auto: the fewest
+wire bytes) and the speedup over Gloo.
+
+Floor: the time a method cannot beat on this machine, measured in the same run: its wire
+bytes over the link rate (--link-rate, or the rate netns.sh shaped; none on loopback)
+plus its memory traffic over the copy bandwidth each rank gets while all ranks copy at
+once. Memory traffic of a compressed all-reduce: read x, read and write the residual
+(with error feedback), zero the sum and add each of the P decoded parts into it (two-phase:
+one part of n/P per rank, plus the owner's re-encode), and the AVG division. time/floor
+is how far a method is from it. Rank 0 prints the table and writes JSON.
 """
+import re
 import argparse
 import json
 import os
@@ -36,6 +45,44 @@ def time_call(fn, group):
     return time.perf_counter() - start
 
 
+def link_rate_bits(text: str):
+    """bits/s from a rate such as 1gbit, 100mbit (tc's units), or None."""
+    match = re.search(r"(\d+(?:\.\d+)?)\s*([kmg]?)bit", text or "")
+    if not match:
+        return None
+    return float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2)]
+
+
+def copy_bandwidth(numel: int, group) -> float:
+    """Bytes/s one rank moves in a copy (read + write) while every rank copies."""
+    src = torch.randn(numel)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(3):
+        dist.barrier(group=group)
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 8 * numel / best
+
+
+def memory_bytes(spec: str, numel: int, world: int, exchange: str) -> int:
+    """Bytes of memory a compressed all-reduce of numel fp32 elements must read and write."""
+    if exchange == "dense" or spec == "allreduce":
+        return 0
+    bound = gradzip.Spec(spec)
+    ef = bound.error_feedback
+    if ef is None:  # the default: on for the biased codecs
+        ef = bound.name in ("topk", "stc") or (bound.name == "sign" and "majority" not in spec)
+    traffic = 4 * numel + (8 * numel if ef else 0)  # read x; read and write the residual
+    if exchange == "twophase":
+        chunk = numel // world
+        traffic += 4 * chunk * (world + 1) + (8 * chunk if ef else 0)  # owner: P parts in, re-encode
+    else:
+        traffic += 4 * numel * (world - 1)  # each further decoded part read-modify-writes the sum
+    return traffic + 4 * numel + 8 * numel  # the sum zeroed and written once; AVG reads and writes it
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numel", type=lambda s: [int(float(v)) for v in s.split(",")], default=[DEFAULT_NUMEL],
@@ -45,6 +92,8 @@ def main():
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition (seconds)")
     parser.add_argument("--json", default="benchmarks/results/collectives.json")
+    parser.add_argument("--link-rate", type=link_rate_bits, default=None,
+                        help="the link's rate for the floor, e.g. 1gbit (default: netns.sh's, else none)")
     args = parser.parse_args()
     if args.quick:
         args.numel, args.repetitions = [1_000_000], 1
@@ -57,9 +106,14 @@ def main():
     for spec in specs:
         groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
     network = os.environ.get("GRADZIP_NETWORK", "loopback")
+    link = args.link_rate or link_rate_bits(network)
 
     rows = []
     for numel in args.numel:
+        bandwidth = copy_bandwidth(numel, groups["gloo"])
+        slowest_bw = torch.tensor([bandwidth], dtype=torch.float64)
+        dist.all_reduce(slowest_bw, op=dist.ReduceOp.MIN, group=groups["gloo"])
+        bandwidth = slowest_bw.item()
         gradient = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         samples = {name: [] for name in groups}
         sent = {}
@@ -77,20 +131,29 @@ def main():
                               else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name in groups:
+            exchange = ("dense" if name in ("gloo", "allreduce")
+                        else gradzip.exchange_plan(name, numel, world)["choice"])
+            memory = memory_bytes(name, numel, world, exchange)
+            floor = (sent[name] * 8 / link if link else 0.0) + memory / bandwidth
             rows.append({"method": name, "numel": numel, "median_s": medians[name], "bytes_sent": sent[name],
+                         "exchange": exchange, "floor_s": floor, "memory_bytes": memory,
+                         "copy_bandwidth": bandwidth, "link_rate_bits": link,
                          "speedup_over_gloo": medians["gloo"] / medians[name],
                          "fewer_bytes_than_gloo": sent["gloo"] / max(sent[name], 1)})
 
     if rank == 0:
         print(f"all_reduce (AVG) of a {', '.join(f'{n / 1e6:g}M' for n in args.numel)} fp32 gradient, {world} ranks, "
               f"{network}; median of {args.repetitions} (slowest rank per call); {platform.node()}, "
-              f"{os.cpu_count()} cores")
-        header = f"{'elements':>9} | {'method':<20} | {'time':>10} | {'sent per rank':>14} | {'speedup':>8} | " \
-                 f"{'fewer bytes':>11}"
+              f"{os.cpu_count()} cores; copy bandwidth per rank with all copying "
+              f"{rows[0]['copy_bandwidth'] / 1e9:.2f} GB/s; link {f'{link / 1e9:g} Gbit/s' if link else 'none'}")
+        header = f"{'elements':>9} | {'method':<20} | {'exchange':<8} | {'time':>10} | {'floor':>10} | " \
+                 f"{'time/floor':>10} | {'sent per rank':>14} | {'speedup':>8} | {'fewer bytes':>11}"
         print(header)
         print("-" * len(header))
         for row in rows:
-            print(f"{row['numel'] / 1e6:>8g}M | {row['method']:<20} | {row['median_s'] * 1e3:>7.1f} ms | "
+            ratio = row["median_s"] / row["floor_s"] if row["floor_s"] > 0 else float("nan")
+            print(f"{row['numel'] / 1e6:>8g}M | {row['method']:<20} | {row['exchange']:<8} | "
+                  f"{row['median_s'] * 1e3:>7.1f} ms | {row['floor_s'] * 1e3:>7.1f} ms | {ratio:>10.2f} | "
                   f"{row['bytes_sent'] / 1e6:>11.2f} MB | {row['speedup_over_gloo']:>7.2f}x | "
                   f"{row['fewer_bytes_than_gloo']:>10.1f}x")
         out = Path(args.json)
