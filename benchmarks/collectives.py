@@ -54,33 +54,43 @@ def link_rate_bits(text: str):
 
 
 def copy_bandwidth(numel: int, group) -> float:
-    """Bytes/s one rank moves in a copy (read + write) while every rank copies."""
+    """Bytes/s one rank moves in a copy (read + write) while every rank copies: the
+    slowest rank's time per round, median of 5 rounds (ranks that share cores share them
+    here too)."""
     src = torch.randn(numel)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(3):
+    rounds = []
+    for _ in range(5):
         dist.barrier(group=group)
         start = time.perf_counter()
         dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 8 * numel / best
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
+        rounds.append(elapsed.item())
+    return 8 * numel / statistics.median(rounds)
 
 
-def memory_bytes(spec: str, numel: int, world: int, exchange: str) -> int:
-    """Bytes of memory a compressed all-reduce of numel fp32 elements must read and write."""
+def memory_bytes(spec: str, numel: int, world: int, exchange: str, sent: int) -> int:
+    """Bytes of memory a compressed all-reduce of numel fp32 elements must read and write:
+    encode reads x (and reads and writes the residual with error feedback) and writes the
+    payloads; decoding zeroes the sum, reads every payload it receives and adds it in
+    (one-shot: P whole parts; two-phase: P pieces of n/P at the owner, then one part per
+    element). The payloads' own bytes are those sent, counted once written, once read."""
     if exchange == "dense" or spec == "allreduce":
         return 0
     bound = gradzip.Spec(spec)
     ef = bound.error_feedback
     if ef is None:  # the default: on for the biased codecs
         ef = bound.name in ("topk", "stc") or (bound.name == "sign" and "majority" not in spec)
-    traffic = 4 * numel + (8 * numel if ef else 0)  # read x; read and write the residual
+    chunk = numel // world
+    encoded = numel + (chunk if exchange == "twophase" else 0)  # the owner re-encodes its chunk
+    traffic = 4 * encoded + (8 * encoded if ef else 0) + 2 * sent
     if exchange == "twophase":
-        chunk = numel // world
-        traffic += 4 * chunk * (world + 1) + (8 * chunk if ef else 0)  # owner: P parts in, re-encode
+        traffic += 4 * chunk + 8 * chunk * world  # the owner's sum: zeroed, P pieces added
+        traffic += 4 * numel + 8 * numel          # the result: zeroed, each chunk added once
     else:
-        traffic += 4 * numel * (world - 1)  # each further decoded part read-modify-writes the sum
-    return traffic + 4 * numel + 8 * numel  # the sum zeroed and written once; AVG reads and writes it
+        traffic += 4 * numel + 8 * numel * world  # the result: zeroed, P parts added
+    return traffic
 
 
 def main():
@@ -133,7 +143,7 @@ def main():
         for name in groups:
             exchange = ("dense" if name in ("gloo", "allreduce")
                         else gradzip.exchange_plan(name, numel, world)["choice"])
-            memory = memory_bytes(name, numel, world, exchange)
+            memory = memory_bytes(name, numel, world, exchange, sent[name])
             floor = (sent[name] * 8 / link if link else 0.0) + memory / bandwidth
             rows.append({"method": name, "numel": numel, "median_s": medians[name], "bytes_sent": sent[name],
                          "exchange": exchange, "floor_s": floor, "memory_bytes": memory,

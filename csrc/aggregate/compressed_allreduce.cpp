@@ -224,6 +224,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   }
   call.ctx = {seed_, state.step, static_cast<uint32_t>(transport->getRank())};
   call.majority = majority_;
+  if (!majority_ && opts.reduceOp.op_ == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(ranks);
   call.key = &key;
   call.transport_device = tensor.device();
   ++state.step;
@@ -241,11 +242,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const int64_t sent = how.scheme == ExchangeScheme::kTwoPhase
                            ? twophase_allreduce(*codec, *codec_, call, sum, transport)
                            : oneshot_allreduce(*codec, *codec_, call, sum, transport);
-  if (majority_) {
-    sum.sign_();
-  } else if (opts.reduceOp.op_ == c10d::ReduceOp::AVG) {
-    sum.div_(ranks);
-  }
+  if (majority_) sum.sign_();
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
   return completed_work(tensors);

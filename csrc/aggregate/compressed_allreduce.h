@@ -3,7 +3,7 @@
 // (all-to-all of chunks, owners reduce and re-encode, all-gather) or dense, chosen per
 // call by the spec's `exchange` key (auto: the fewest bytes for this P, n and codec).
 // All ranks decode the same payloads in the same order into an fp32 sum, so all end
-// bitwise identical. AVG divides the sum by the world size; vote=majority (sign)
+// bitwise identical. AVG scales each decoded payload by 1/P as it is added; vote=majority (sign)
 // returns the sign of the summed votes (one-shot: 0 on a tie; two-phase: the owner's
 // vote is a sign bit, +1 on a tie). When a payload cannot be decoded, every rank raises
 // and the tensor's contents are unspecified.

@@ -91,7 +91,7 @@ class DeviceTensorCodec final : public TensorCodec {
     slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();
   }
 
-  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum) const override {
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
     const at::Tensor declared =
         slots.narrow(0, 0, rows * stride).view({rows, stride}).narrow(1, 0, kSlotHeaderBytes).contiguous().cpu();
     std::vector<size_t> sizes(rows);
@@ -101,11 +101,14 @@ class DeviceTensorCodec final : public TensorCodec {
       sizes[r] = slot_payload_size(size, stride, r);
     }
     const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
+    // The kernels add unscaled values: with a scale, into zeros first.
+    at::Tensor target = scale == 1.0f ? sum : at::zeros_like(sum);
     try {
-      decode_add_on_device(codec_->id(), payloads, stride, sizes, sum);
+      decode_add_on_device(codec_->id(), payloads, stride, sizes, target);
     } catch (const cuda::RankPayloadError& e) {
       throw SlotError(e.rank(), e.what());
     }
+    if (scale != 1.0f) sum.add_(target, scale);
   }
 
  private:

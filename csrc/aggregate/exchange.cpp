@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <array>
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -28,7 +29,7 @@ class HostTensorCodec final : public TensorCodec {
     write_slot(payload.data(), payload.size(), slot.data_ptr<uint8_t>(), slot.numel());
   }
 
-  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum) const override {
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
     const uint8_t* base = slots.data_ptr<uint8_t>();
     for (int r = 0; r < rows; ++r) {
       const uint8_t* slot = base + r * stride;
@@ -36,7 +37,7 @@ class HostTensorCodec final : public TensorCodec {
       std::memcpy(&declared, slot, 8);
       const size_t size = slot_payload_size(declared, stride, r);
       try {
-        codec_->decode_add(slot + kSlotHeaderBytes, size, sum.data_ptr<float>(), sum.numel());
+        codec_->decode_add(slot + kSlotHeaderBytes, size, sum.data_ptr<float>(), sum.numel(), scale);
       } catch (const PayloadError& e) {
         throw SlotError(r, e.what());
       }
@@ -61,15 +62,25 @@ EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk)
               "' cannot be decoded: ", e.what());
 }
 
-at::Tensor bytes_on(const at::Device& device, int64_t bytes) {
-  return at::empty({bytes}, at::dtype(at::kByte).device(device));
+// The exchange's byte buffers, by their role in a call. On the CPU each thread keeps
+// its buffers from call to call (a call uses them only until it returns): fresh
+// allocations of this size come from mmap, and their first touch costs more than the
+// codec's own passes. GPU memory comes from torch's caching allocator.
+enum class Buffer { kMine, kSend, kReceived, kAll, kCount };
+
+at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role) {
+  if (!device.is_cpu()) return at::empty({bytes}, at::dtype(at::kByte).device(device));
+  thread_local std::array<at::Tensor, static_cast<size_t>(Buffer::kCount)> kept;
+  at::Tensor& buffer = kept[static_cast<size_t>(role)];
+  if (!buffer.defined() || buffer.numel() < bytes) buffer = at::empty({bytes}, at::kByte);
+  return buffer.narrow(0, 0, bytes);
 }
 
 // all-gather and all-to-all of byte slots, from and to the codec's device, through
 // buffers on the transport's device.
 at::Tensor allgather_slots(const at::Tensor& mine, int ranks, const ExchangeCall& call,
                            const c10::intrusive_ptr<c10d::Backend>& transport) {
-  at::Tensor all = bytes_on(call.transport_device, ranks * mine.numel());
+  at::Tensor all = bytes_on(call.transport_device, ranks * mine.numel(), Buffer::kAll);
   at::Tensor send = mine.to(call.transport_device);
   transport->_allgather_base(all, send)->wait();
   return all.to(call.x.device());
@@ -77,7 +88,7 @@ at::Tensor allgather_slots(const at::Tensor& mine, int ranks, const ExchangeCall
 
 at::Tensor alltoall_slots(const at::Tensor& slots, const ExchangeCall& call,
                           const c10::intrusive_ptr<c10d::Backend>& transport) {
-  at::Tensor received = bytes_on(call.transport_device, slots.numel());
+  at::Tensor received = bytes_on(call.transport_device, slots.numel(), Buffer::kReceived);
   at::Tensor send = slots.to(call.transport_device);
   std::vector<int64_t> equal;
   transport->alltoall_base(received, send, equal, equal)->wait();
@@ -162,12 +173,12 @@ int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const Exc
                           const c10::intrusive_ptr<c10d::Backend>& transport) {
   const int ranks = transport->getSize();
   const int64_t stride = slot_bytes(host, call.x.numel());
-  at::Tensor mine = bytes_on(call.x.device(), stride);
+  at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
   codec.encode(call.x, call.worker_residual, call.ctx, mine);
   const at::Tensor all = allgather_slots(mine, ranks, call, transport);
   sum.zero_();
   try {
-    codec.decode_add(all, stride, ranks, sum);
+    codec.decode_add(all, stride, ranks, sum, call.scale);
   } catch (const SlotError& e) {
     raise_for_slot(e, call.key, "the payload");
   }
@@ -183,7 +194,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
   const int64_t stride = slot_bytes(host, largest);
 
   // Phase 1: chunk j of this rank's vector goes to rank j.
-  at::Tensor send = bytes_on(call.x.device(), ranks * stride);
+  at::Tensor send = bytes_on(call.x.device(), ranks * stride, Buffer::kSend);
   for (int j = 0; j < ranks; ++j) {
     const Chunk c = exchange_chunk(n, ranks, j);
     const at::Tensor residual =
@@ -195,7 +206,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
 
   // This rank owns chunk `rank`: the sum of its P pieces, in rank order, re-encoded.
   const Chunk owned = exchange_chunk(n, ranks, rank);
-  at::Tensor mine = bytes_on(call.x.device(), stride);
+  at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
   at::Tensor owned_sum = at::zeros({owned.length}, call.x.options());
   // Whatever fails here, this rank still joins the all-gather (with a failed slot), so
   // that the others raise instead of waiting for it.
@@ -220,7 +231,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
   for (int j = 0; j < ranks; ++j) {
     const Chunk c = exchange_chunk(n, ranks, j);
     try {
-      codec.decode_add(all.narrow(0, j * stride, stride), stride, 1, sum.narrow(0, c.begin, c.length));
+      codec.decode_add(all.narrow(0, j * stride, stride), stride, 1, sum.narrow(0, c.begin, c.length), call.scale);
     } catch (const SlotError& e) {
       raise_for_slot(SlotError(j, e.what()), call.key, "the reduced chunk");
     }

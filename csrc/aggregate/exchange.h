@@ -88,10 +88,12 @@ class TensorCodec {
   // with a defined `residual` (float32, x.numel(), same device) with error feedback.
   virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
                       at::Tensor slot) const = 0;
-  // Adds the payloads of `rows` slots, slot r at byte r·stride of `slots`, into `sum`
-  // (contiguous float32), in order r = 0, 1, ... Throws SlotError naming the first
-  // slot that cannot be decoded (a failed slot included).
-  virtual void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum) const = 0;
+  // Adds scale × the payloads of `rows` slots, slot r at byte r·stride of `slots`, into
+  // `sum` (contiguous float32), in order r = 0, 1, ... (where the scale is applied may
+  // differ between devices: the same bits on every rank of one device). Throws SlotError
+  // naming the first slot that cannot be decoded (a failed slot included).
+  virtual void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
+                          float scale = 1.0f) const = 0;
 };
 
 // The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
@@ -108,14 +110,15 @@ struct ExchangeCall {
   at::Tensor owner_residual;
   EncodeContext ctx;
   bool majority = false;  // two-phase owners vote: sign of the sum of their pieces
+  float scale = 1.0f;     // the result is scale × the sum (AVG: 1/P), applied as it is decoded
   const std::string* key = nullptr;  // names the tensor in error messages
   // Where the transport takes its buffers (NCCL: the GPU, also for a codec that runs
   // on the host); slots are copied there and back when it is not x's device.
   at::Device transport_device = at::kCPU;
 };
 
-// Writes the sum over the ranks into `sum` (contiguous float32, n elements, on the
-// codec's device) and returns the bytes this rank sent.
+// Writes scale × the sum over the ranks into `sum` (contiguous float32, n elements, on
+// the codec's device) and returns the bytes this rank sent.
 int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                           const c10::intrusive_ptr<c10d::Backend>& transport);
 int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
