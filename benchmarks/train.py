@@ -4,9 +4,13 @@
     mpirun -np 4 python benchmarks/train.py
     sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/train.py
     torchrun --standalone --nproc-per-node 8 benchmarks/train.py --methods decentralized
+    sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/train.py \
+        --model mlp --methods network --epochs 4 --max-steps 30 --target 0.80
 
-Every method trains the same small CNN (examples/fashion_mnist.py) from the same seed, on
-the same shards, for the same epochs, one after the other in one launch:
+Every method trains the same model (--model: "cnn", the small CNN of
+examples/fashion_mnist.py, or "mlp", a 784-3072-3072-10 MLP of 11.9M parameters whose
+dense gradient exchange dominates a step at 1 Gbit/s) from the same seed, on the same
+shards, for the same epochs, one after the other in one launch:
   none              DDP, dense all-reduce (no hook)
   torch-fp16        DDP with PyTorch's fp16_compress_hook
   torch-powersgd-R  DDP with PyTorch's powerSGD_hook, rank R (error feedback, warm start,
@@ -14,10 +18,14 @@ the same shards, for the same epochs, one after the other in one launch:
   <gradzip spec>    DDP with gradzip.hooks (e.g. stc:density=0.01); or, for gossip and
                     choco specs, no DDP: gradzip.Aggregation(spec)(model) after each step,
                     and the accuracy is that of the ranks' averaged model
+  backend:<spec>    DDP over a gradzip process group whose all_reduce is <spec> (no hook)
 Per epoch: test accuracy, training wall time (evaluation excluded), and bytes sent per
 rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
-gradzip group). Rank 0 shows a progress bar, prints a table, writes JSON and two plots
-(accuracy against bytes, accuracy against time).
+gradzip group). Before the methods, the compute-only step time (forward, backward and
+step without DDP, the slowest rank's) is measured: a method's step time over it shows
+how much communication it leaves unhidden. With --target, the table gives the training
+time at the first epoch whose accuracy reaches it. Rank 0 shows a progress bar, prints
+a table, writes JSON and two plots (accuracy against bytes, accuracy against time).
 """
 import argparse
 import json
@@ -45,8 +53,26 @@ METHODS = {
     "decentralized": ["none", "gossip:topology=exp", "gossip:topology=onepeer", "gossip:topology=ring",
                       "choco:topology=exp,compress=sign,block=64,gamma=0.5",
                       "choco:topology=exp,compress=topk,density=0.1,gamma=0.2"],
-    "quick": ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01", "gossip:topology=ring"],
+    "quick": ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01", "gossip:topology=ring",
+              "backend:sign"],
+    "network": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "sign", "qsgd:bits=4",
+                "backend:stc:density=0.01", "backend:sign", "backend:qsgd:bits=4"],
 }
+
+
+class WideMLP(torch.nn.Module):
+    """784-3072-3072-10: 11.9M parameters, a 47.5 MB fp32 gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 3072), torch.nn.ReLU(),
+                                          torch.nn.Linear(3072, 3072), torch.nn.ReLU(), torch.nn.Linear(3072, 10))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+MODELS = {"cnn": SmallCNN, "mlp": WideMLP}
 
 
 class Method:
@@ -57,9 +83,12 @@ class Method:
         self.group = group
         self.gossip = None
         self.hook_state = None
-        if name.startswith(("gossip", "choco")):
+        if name.startswith("backend:"):
+            self.group = dist.new_group(backend="gradzip",
+                                        pg_options=gradzip.Options(aggregation=name.split(":", 1)[1]))
+        elif name.startswith(("gossip", "choco")):
             self.gossip = gradzip.Aggregation(name, group=group)
-        elif name not in ("none", "torch-fp16") and not name.startswith("torch-powersgd-"):
+        elif name not in ("none", "torch-fp16") and not name.startswith(("torch-powersgd-", "backend:")):
             self.hook_state = gradzip.hooks.State(name, process_group=group)
 
     def wrap(self, model):
@@ -89,23 +118,46 @@ class Method:
         return gradzip.stats(self.group)["bytes_sent"]
 
 
-def averaged(model, world):
+def averaged(model, world, make):
     """The average of every rank's replica, for evaluating decentralized training."""
-    average = SmallCNN()
+    average = make()
     average.load_state_dict(model.state_dict())
     for p in average.parameters():
         dist.all_reduce(p.data, op=dist.ReduceOp.AVG)
     return average
 
 
+def compute_only(args, data, rank):
+    """Seconds per step of forward, backward and step without DDP (the slowest rank's,
+    median of 10 steps after 2 of warm-up), every rank computing at once."""
+    train_x, train_y = data[0], data[1]
+    torch.manual_seed(args.seed)
+    model = MODELS[args.model]()
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    times = []
+    for step in range(12):
+        batch = torch.arange(step * args.batch_size, (step + 1) * args.batch_size) + rank * 12 * args.batch_size
+        dist.barrier()
+        start = time.perf_counter()
+        loss = F.cross_entropy(model(train_x[batch]), train_y[batch])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        if step >= 2:
+            times.append(elapsed.item())
+    return sorted(times)[len(times) // 2]
+
+
 def train(name, args, data, rank, world, group):
     train_x, train_y, test_x, test_y = data
     torch.manual_seed(args.seed)
     method = Method(name, group)
-    base = SmallCNN()
+    base = MODELS[args.model]()
     model = method.wrap(base)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    epochs, elapsed = [], 0.0
+    epochs, elapsed, steps_done = [], 0.0, 0
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         shard = order[rank::world]
@@ -120,18 +172,27 @@ def train(name, args, data, rank, world, group):
             loss.backward()
             opt.step()
             method.after_step(base)
+        steps_done += steps
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         elapsed += seconds.item()
         sent = torch.tensor([method.bytes_sent()], dtype=torch.int64)
         dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-        scored = averaged(base, world) if method.gossip is not None else base
+        scored = averaged(base, world, MODELS[args.model]) if method.gossip is not None else base
         accuracy = evaluate(scored, test_x, test_y, rank, world)
-        epochs.append({"epoch": epoch, "accuracy": accuracy, "seconds": elapsed, "bytes_sent": sent.item()})
+        epochs.append({"epoch": epoch, "accuracy": accuracy, "seconds": elapsed, "bytes_sent": sent.item(),
+                       "step_seconds": elapsed / max(steps_done, 1)})
         if rank == 0:
             print(f"  {name:<52} epoch {epoch}: accuracy {accuracy:.2%}  time {elapsed:7.1f} s  "
                   f"sent per rank {sent.item() / 1e6:9.2f} MB", flush=True)
     return epochs
+
+
+def time_to(epochs, target):
+    """Training seconds at the first epoch whose accuracy reaches target, or None."""
+    if target is None:
+        return None
+    return next((e["seconds"] for e in epochs if e["accuracy"] >= target), None)
 
 
 def plot(results, path, title):
@@ -164,6 +225,9 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short")
+    parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    parser.add_argument("--target", type=float, default=None,
+                        help="a test accuracy (e.g. 0.8): the table gives the time to reach it")
     parser.add_argument("--quick", action="store_true", help="5 methods, 1 epoch of 5 steps (seconds)")
     parser.add_argument("--out", default="benchmarks/results/train", help="prefix of the .json and .png written")
     args = parser.parse_args()
@@ -180,6 +244,9 @@ def main():
     if rank == 0:
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)
+    compute = compute_only(args, data, rank)
+    if rank == 0:
+        print(f"compute-only step ({args.model}): {compute * 1e3:.1f} ms", flush=True)
     results = {}
     for name in methods:
         gradzip.reset_stats(group)
@@ -187,18 +254,26 @@ def main():
 
     if rank == 0:
         dense = results.get("none", [{}])[-1].get("bytes_sent")
-        header = f"{'method':<52} | {'accuracy':>8} | {'time':>8} | {'sent per rank':>13} | {'fewer bytes':>11}"
-        print(f"\nfinal epoch ({args.epochs}); {platform.node()}, {os.cpu_count()} cores, {network}")
+        none_to_target = time_to(results["none"], args.target) if "none" in results and args.target else None
+        header = (f"{'method':<40} | {'accuracy':>8} | {'time':>8} | {'step':>8} | {'step/compute':>12} | "
+                  f"{'to target':>9} | {'speedup':>7} | {'sent per rank':>13} | {'fewer bytes':>11}")
+        print(f"\nfinal epoch ({args.epochs}); {args.model}; compute-only step {compute * 1e3:.1f} ms; "
+              f"target {args.target}; {platform.node()}, {os.cpu_count()} cores, {network}")
         print(header)
         print("-" * len(header))
         for name, epochs in results.items():
             last = epochs[-1]
             fewer = f"{dense / max(last['bytes_sent'], 1):10.1f}x" if dense else "-"
-            print(f"{name:<52} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
-                  f"{last['bytes_sent'] / 1e6:>10.2f} MB | {fewer:>11}")
+            reached = time_to(epochs, args.target)
+            to_target = f"{reached:7.1f} s" if reached is not None else "-"
+            speedup = f"{none_to_target / reached:6.2f}x" if reached and none_to_target else "-"
+            print(f"{name:<40} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
+                  f"{last['step_seconds'] * 1e3:>5.0f} ms | {last['step_seconds'] / compute:>12.2f} | "
+                  f"{to_target:>9} | {speedup:>7} | {last['bytes_sent'] / 1e6:>10.2f} MB | {fewer:>11}")
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"world_size": world, "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+        meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": args.target,
+                "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                 "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
                 "cores": os.cpu_count(), "torch": torch.__version__}
         out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
