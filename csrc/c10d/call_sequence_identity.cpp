@@ -4,6 +4,24 @@
 
 namespace gradzip {
 
+namespace {
+constexpr size_t kHistory = 4096;  // calls remembered: periods up to kHistory / 2
+}  // namespace
+
+bool CallSequenceIdentity::repeats_without_first(const Signature& signature) const {
+  const size_t now = history_.size();
+  size_t last = now;
+  while (last > 0 && history_[last - 1] != signature) --last;
+  if (last == 0) return false;
+  const size_t previous = last - 1, period = now - previous;
+  if (previous < period) return false;
+  for (size_t i = 0; i < period; ++i) {
+    if (history_[previous + i] != history_[previous - period + i]) return false;
+    if (history_[previous + i] == first_ || history_[previous - period + i] == first_) return false;
+  }
+  return true;
+}
+
 std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
   const Signature signature{static_cast<int>(tensor.scalar_type()), tensor.numel()};
   std::lock_guard<std::mutex> lock(mutex_);
@@ -12,7 +30,13 @@ std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
     first_ = signature;
   } else if (signature == first_ && (previous_ != first_ || !seen_other_)) {
     counts_.clear();  // a new step
+  } else if (signature != first_ && counts_.count(signature) && repeats_without_first(signature)) {
+    first_ = signature;  // the first step's sequence is gone: name the repeating one from here
+    seen_other_ = false;
+    counts_.clear();
   }
+  if (history_.size() == kHistory) history_.erase(history_.begin(), history_.begin() + kHistory / 2);
+  history_.push_back(signature);
   seen_other_ = seen_other_ || signature != first_;
   previous_ = signature;
   const int64_t k = counts_[signature]++;

@@ -9,6 +9,13 @@
 // first call, when the call before it had another dtype or count, or no other dtype
 // and count has been seen yet (a loop over one tensor).
 //
+// The first step may differ from the rest: DDP rebuilds its buckets after its first
+// iteration, so the group's first signature may never come back. When it has not come
+// back for two whole periods of a sequence that repeats (the L calls since the last call
+// with this signature equal the L calls before that one), the step restarts at this call
+// and the repeating sequence is named from here on. Keys named before that (one or two
+// steps' worth) are not used again.
+//
 // So a training loop that all-reduces the same tensors in the same order every step
 // keeps one residual per tensor, however its tensors are allocated, provided its
 // first tensor's dtype and size do not come back inside the step right after a
@@ -20,6 +27,7 @@
 #include <mutex>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <ATen/core/Tensor.h>
 
@@ -31,7 +39,12 @@ class CallSequenceIdentity {
 
  private:
   using Signature = std::pair<int, int64_t>;  // (dtype, numel)
+  // True when the calls since the last one with `signature` repeat the calls before it,
+  // and the step's first signature is not among them.
+  bool repeats_without_first(const Signature& signature) const;
+
   std::mutex mutex_;
+  std::vector<Signature> history_;  // the latest calls, oldest first (bounded)
   bool started_ = false;
   bool seen_other_ = false;
   Signature first_{}, previous_{};

@@ -26,6 +26,14 @@ struct ReleaseGilDelete {
   }
 };
 
+using NamedPieces = std::vector<std::pair<std::string, int64_t>>;
+
+std::vector<TensorPiece> to_pieces(const NamedPieces& pieces) {
+  std::vector<TensorPiece> named;
+  for (const auto& [key, numel] : pieces) named.push_back({key, numel});
+  return named;
+}
+
 }  // namespace
 
 void bind_aggregation(py::module_& m) {
@@ -53,10 +61,9 @@ void bind_aggregation(py::module_& m) {
            "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
       .def(
           "allreduce_pieces",
-          [](DirectAggregation& a, const at::Tensor& tensor, const std::vector<std::pair<std::string, int64_t>>& pieces,
-             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
-            std::vector<TensorPiece> named;
-            for (const auto& [key, numel] : pieces) named.push_back({key, numel});
+          [](DirectAggregation& a, const at::Tensor& tensor, const NamedPieces& pieces, const c10d::ReduceOp& op,
+             const c10::intrusive_ptr<c10d::Backend>& transport) {
+            const auto named = to_pieces(pieces);
             py::gil_scoped_release no_gil;
             a.allreduce_pieces(tensor, named, op, transport);
           },
@@ -64,10 +71,9 @@ void bind_aggregation(py::module_& m) {
           "Reduces `tensor`, the concatenation of the (key, numel) pieces, in place; each piece keeps its state.")
       .def(
           "submit_pieces",
-          [](DirectAggregation& a, const at::Tensor& tensor, const std::vector<std::pair<std::string, int64_t>>& pieces,
-             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
-            std::vector<TensorPiece> named;
-            for (const auto& [key, numel] : pieces) named.push_back({key, numel});
+          [](DirectAggregation& a, const at::Tensor& tensor, const NamedPieces& pieces, const c10d::ReduceOp& op,
+             const c10::intrusive_ptr<c10d::Backend>& transport) {
+            const auto named = to_pieces(pieces);
             py::gil_scoped_release no_gil;
             return a.submit_pieces(tensor, named, op, transport);
           },

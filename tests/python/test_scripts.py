@@ -45,17 +45,22 @@ def test_collectives_benchmark_quick(tmp_path):
     assert methods["gloo"]["bytes_sent"] == methods["allreduce"]["bytes_sent"] == 4_000_000
     assert methods["stc:density=0.01"]["bytes_sent"] < 40_000
     assert 8 < methods["sign"]["fewer_bytes_than_gloo"] < 32
+    assert methods["gloo"]["exchange"] == "dense" and methods["sign"]["exchange"] in ("oneshot", "twophase")
+    # On loopback the floor is memory traffic alone: none for the dense methods.
+    assert all((row["floor_s"] > 0) == (name not in ("gloo", "allreduce")) for name, row in methods.items())
 
 
 def test_train_benchmark_quick(tmp_path):
     out = torchrun("benchmarks/train.py", "--quick", "--out", str(tmp_path / "train"))
     result = json.loads((tmp_path / "train.json").read_text())
     assert list(result["results"]) == ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01",
-                                       "gossip:topology=ring"], out
+                                       "gossip:topology=ring", "backend:sign"], out
+    assert result["compute_only_step_seconds"] > 0
     for name, epochs in result["results"].items():
         assert epochs[0]["accuracy"] > 0.15 and epochs[0]["bytes_sent"] > 0, (name, epochs)
     sent = {name: epochs[0]["bytes_sent"] for name, epochs in result["results"].items()}
     assert sent["torch-fp16"] < sent["none"] and sent["stc:density=0.01"] < sent["none"]
+    assert sent["backend:sign"] < sent["none"] / 8
     assert (tmp_path / "train.png").stat().st_size > 10_000
 
 

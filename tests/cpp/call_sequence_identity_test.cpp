@@ -1,0 +1,56 @@
+// How the backend names the tensors of its all-reduces (c10d/call_sequence_identity.h).
+#include "c10d/call_sequence_identity.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+namespace gradzip {
+namespace {
+
+std::vector<std::string> keys(CallSequenceIdentity& identity, const std::vector<int64_t>& sizes) {
+  std::vector<std::string> out;
+  for (int64_t n : sizes) out.push_back(identity.key(at::empty({n})));
+  return out;
+}
+
+TEST(CallSequenceIdentityTest, ASteadyLoopKeepsItsKeys) {
+  CallSequenceIdentity identity;
+  const std::vector<int64_t> step = {10, 20, 20, 30};
+  const auto first = keys(identity, step);
+  EXPECT_EQ(first, (std::vector<std::string>{"Float:10:0", "Float:20:0", "Float:20:1", "Float:30:0"}));
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(keys(identity, step), first);
+}
+
+TEST(CallSequenceIdentityTest, OneTensorInALoop) {
+  CallSequenceIdentity identity;
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(keys(identity, {7}), std::vector<std::string>{"Float:7:0"});
+}
+
+TEST(CallSequenceIdentityTest, RepeatedSizesInsideAStep) {
+  CallSequenceIdentity identity;
+  const std::vector<int64_t> step = {5, 6, 7, 6, 8};
+  const auto first = keys(identity, step);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(keys(identity, step), first);
+}
+
+// DDP: the first iteration's buckets differ from all later ones (the rebuild), so its
+// first signature never comes back; the later sequence is named steadily after two of
+// its periods, and the number of keys stays bounded.
+TEST(CallSequenceIdentityTest, AFirstStepThatNeverComesBack) {
+  CallSequenceIdentity identity;
+  keys(identity, {100, 200, 300});
+  const std::vector<int64_t> step = {250, 150, 200};
+  std::set<std::string> seen;
+  std::vector<std::string> last;
+  for (int i = 0; i < 20; ++i) {
+    last = keys(identity, step);
+    seen.insert(last.begin(), last.end());
+  }
+  EXPECT_EQ(last, (std::vector<std::string>{"Float:250:0", "Float:150:0", "Float:200:0"}));
+  EXPECT_LE(seen.size(), 7u);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(keys(identity, step), last);
+}
+
+}  // namespace
+}  // namespace gradzip
