@@ -1,6 +1,30 @@
 #include "aggregate/ordered_worker.h"
 
 namespace gradzip {
+namespace {
+
+// A Work over a job's future whose wait() raises the job's error (c10d's Work over a
+// future waits without raising, so a failed all_reduce would pass for a done one).
+class JobWork final : public c10d::Work {
+ public:
+  explicit JobWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
+  bool isCompleted() override { return future_->completed(); }
+  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
+  std::exception_ptr exception() const override {
+    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
+  }
+  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
+  bool wait(std::chrono::milliseconds /*timeout: the transport's own applies*/) override {
+    future_->waitAndThrow();
+    return true;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+ private:
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace
 
 OrderedWorker::~OrderedWorker() {
   {
@@ -20,13 +44,13 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
       lock.unlock();
       Job now{std::move(job), std::move(tensors), future};
       run(now);
-      return c10d::Work::create_from_future(future);
+      return c10::make_intrusive<JobWork>(future);
     }
     jobs_.push_back({std::move(job), std::move(tensors), future});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
   wake_.notify_one();
-  return c10d::Work::create_from_future(future);
+  return c10::make_intrusive<JobWork>(future);
 }
 
 void OrderedWorker::drain() {
