@@ -2,6 +2,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "codec/element_math.cuh"
@@ -104,10 +105,51 @@ void BitWriter::flush() {
   filled_ = 0;
 }
 
+uint64_t BitReader::window(int& valid) const {
+  const uint64_t byte = position_ / 8;
+  const uint64_t present = size_ > byte ? std::min<uint64_t>(8, size_ - byte) : 0;
+  uint64_t word = 0;
+  if (present > 0) std::memcpy(&word, data_ + byte, present);
+  const int shift = static_cast<int>(position_ % 8);
+  valid = static_cast<int>(std::min<uint64_t>(64 - shift, size_ * 8 - std::min(position_, size_ * 8)));
+  return word >> shift;
+}
+
 uint64_t BitReader::get(int bits) {
-  uint64_t value = 0;
-  for (int b = 0; b < bits; ++b) value |= static_cast<uint64_t>(get_bit()) << b;
+  if (bits == 0) return 0;
+  if (bits > 56) {
+    const uint64_t low = get(32);
+    return low | (get(bits - 32) << 32);
+  }
+  if (position_ + bits > size_ * 8) {  // as many zeros as bit-by-bit reading gives
+    failed_ = true;
+    uint64_t value = 0;
+    for (int b = 0; b < bits && position_ < size_ * 8; ++b) value |= static_cast<uint64_t>(get_bit()) << b;
+    return value;
+  }
+  int valid;
+  const uint64_t value = window(valid) & ((uint64_t{1} << bits) - 1);
+  position_ += bits;
   return value;
+}
+
+uint64_t BitReader::get_ones() {
+  uint64_t ones = 0;
+  while (true) {
+    int valid;
+    const uint64_t bits = window(valid);
+    if (valid == 0) {
+      failed_ = true;
+      return ones;
+    }
+    const int run = bits == ~uint64_t{0} ? 64 : __builtin_ctzll(~bits);
+    if (run < valid) {
+      position_ += run + 1;
+      return ones + run;
+    }
+    ones += valid;
+    position_ += valid;
+  }
 }
 
 bool BitReader::get_bit() {

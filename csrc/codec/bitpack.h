@@ -35,12 +35,20 @@ class BitWriter {
 class BitReader {
  public:
   BitReader(const uint8_t* data, uint64_t size) : data_(data), size_(size) {}
-  uint64_t get(int bits);
+  uint64_t get(int bits);  // bits <= 64
   bool get_bit();
+  // Reads one-bits up to and including the next zero-bit and returns how many ones it
+  // read (a Golomb-Rice quotient); at the end of the data, sets failed() and returns
+  // the ones read so far.
+  uint64_t get_ones();
   bool failed() const { return failed_; }
   uint64_t bits_read() const { return position_; }
 
  private:
+  // The bits from position_ on, bit 0 first, and how many of them are data (>= 57
+  // unless the data ends sooner); the rest are zeros.
+  uint64_t window(int& valid) const;
+
   const uint8_t* data_;
   uint64_t size_;
   uint64_t position_ = 0;

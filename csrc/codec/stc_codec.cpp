@@ -97,10 +97,8 @@ class StcCodec final : public SelectionCodec {
       bitpack::BitReader bits(positions, position_bytes);
       int64_t at = -1;
       for (uint64_t j = 0; j < k; ++j) {
-        uint64_t quotient = 0;
-        while (bits.get_bit()) {
-          if (++quotient > static_cast<uint64_t>(n)) r.fail("a position gap runs past the tensor");
-        }
+        const uint64_t quotient = bits.get_ones();
+        if (quotient > static_cast<uint64_t>(n)) r.fail("a position gap runs past the tensor");
         const uint64_t gap = (quotient << b) | bits.get(b);
         if (bits.failed()) r.fail("the positions end before k = " + std::to_string(k) + " were read");
         if (gap >= static_cast<uint64_t>(n - at - 1)) r.fail("position past the last element");

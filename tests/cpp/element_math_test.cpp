@@ -187,3 +187,46 @@ TEST(PhiloxBlockTest, MatchesOneGroupAtATime) {
 
 }  // namespace
 }  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+// BitReader reads words at a time: the same values, positions and failures as reading
+// the stream bit by bit, including runs of ones longer than a word and truncation.
+TEST(BitReaderTest, WordReadsMatchBitByBit) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<uint8_t> stream(1 + rng() % 40);
+    for (auto& byte : stream) byte = static_cast<uint8_t>(trial % 3 == 0 ? 0xFF : rng());
+    const uint64_t size = rng() % (stream.size() + 1);
+    bitpack::BitReader fast(stream.data(), size);
+    uint64_t position = 0;  // the reference reader, bit by bit
+    bool failed = false;
+    const auto bit = [&]() -> uint64_t {
+      if (position >= size * 8) {
+        failed = true;
+        return 0;
+      }
+      const uint64_t value = (stream[position / 8] >> (position % 8)) & 1u;
+      ++position;
+      return value;
+    };
+    for (int op = 0; op < 30; ++op) {
+      if (rng() % 2) {
+        uint64_t ones = 0;
+        while (bit()) ++ones;
+        ASSERT_EQ(fast.get_ones(), ones) << trial;
+      } else {
+        const int width = static_cast<int>(rng() % 65);
+        uint64_t value = 0;
+        for (int b = 0; b < width; ++b) value |= bit() << b;
+        ASSERT_EQ(fast.get(width), value) << trial << " width " << width;
+      }
+      ASSERT_EQ(fast.bits_read(), position) << trial;
+      ASSERT_EQ(fast.failed(), failed) << trial;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gradzip
