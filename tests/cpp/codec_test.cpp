@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "codec/codec_record.h"
 #include "codec/element_math.cuh"
 
 namespace gradzip {
@@ -227,6 +228,39 @@ TEST(CodecTest, QsgdLevelsAreBoundedByTheNorm) {
   for (int i = 0; i < 1000; ++i) {
     ASSERT_LE(std::fabs(q[i]), max_abs * 1.0001f);
     ASSERT_LE(std::fabs(q[i] - x[i]), max_abs / 127 * 1.0001f);  // within one level
+  }
+}
+
+// Byte-aligned 4-bit buckets decode by table, others code by code: the same sums,
+// and a level above s is refused on both paths.
+TEST(CodecTest, QsgdDecodePathsAgreeAndRefuseHighLevels) {
+  const auto x = random_input(1001, 12);
+  for (const std::string spec : {"qsgd:levels=5,bucket=100", "qsgd:levels=5,bucket=33", "qsgd:levels=100,bucket=64",
+                                 "qsgd:levels=100,bucket=7"}) {
+    auto payload = encode(spec, x, nullptr, {3, 1, 0});
+    const auto decoded = decode(payload, 1001);
+    // The reference: each element from its code, as the wire format defines it.
+    const auto codec = make_codec(parse_spec(spec));
+    const int width = codec->parameters().levels == 5 ? 4 : 8;
+    const int64_t bucket = codec->parameters().bucket, buckets = (1001 + bucket - 1) / bucket;
+    const size_t codes_at = kPayloadHeaderBytes + 8 + 4 * buckets;
+    for (int64_t i = 0; i < 1001; ++i) {
+      const uint64_t bit = static_cast<uint64_t>(i) * width;
+      const uint32_t code = (payload[codes_at + bit / 8] >> (bit % 8)) & ((1u << width) - 1);
+      float norm;
+      std::memcpy(&norm, payload.data() + kPayloadHeaderBytes + 8 + 4 * (i / bucket), 4);
+      const uint32_t sign = 1u << (width - 1), level = code & (sign - 1);
+      const float magnitude = 1.0f * norm / static_cast<float>(codec->parameters().levels) * static_cast<float>(level);
+      ASSERT_EQ(decoded[i], (code & sign) ? -magnitude : magnitude) << spec << " element " << i;
+    }
+    payload[codes_at + 1] = static_cast<uint8_t>(width == 4 ? 0x70 : 0x7F);  // level 7 (of 5) or 127 (of 100)
+    std::vector<float> out(1001, 0.0f);
+    try {
+      codec->decode_add(payload.data(), payload.size(), out.data(), 1001);
+      FAIL() << spec;
+    } catch (const PayloadError& e) {
+      EXPECT_NE(std::string(e.what()).find("level"), std::string::npos) << e.what();
+    }
   }
 }
 
