@@ -15,16 +15,16 @@ wire bytes) and the speedup over Gloo.
 Floor: the time a method cannot beat on this machine, measured in the same run: its wire
 bytes over the link rate (--link-rate, or the rate netns.sh shaped; none on loopback)
 plus its memory traffic over the copy bandwidth each rank gets while all ranks copy at
-once. Memory traffic of a compressed all-reduce: read x, read and write the residual
-(with error feedback), zero the sum and add each of the P decoded parts into it (two-phase:
-one part of n/P per rank, plus the owner's re-encode), and the AVG division. time/floor
+once. Memory traffic of a compressed all-reduce: memory_bytes() below (encode, the
+payloads written and read, the sums zeroed and added into). time/floor
 is how far a method is from it. Rank 0 prints the table and writes JSON.
 """
-import re
 import argparse
 import json
+import math
 import os
 import platform
+import re
 import statistics
 import time
 from pathlib import Path
@@ -73,23 +73,26 @@ def copy_bandwidth(numel: int, group) -> float:
 def memory_bytes(spec: str, numel: int, world: int, exchange: str, sent: int) -> int:
     """Bytes of memory a compressed all-reduce of numel fp32 elements must read and write:
     encode reads x (and reads and writes the residual with error feedback) and writes the
-    payloads; decoding zeroes the sum, reads every payload it receives and adds it in
-    (one-shot: P whole parts; two-phase: P pieces of n/P at the owner, then one part per
-    element). The payloads' own bytes are those sent, counted once written, once read."""
+    payloads; decoding zeroes the sum, reads every payload it receives and adds it in, 8
+    bytes per element it touches (the sparse codecs: their k per part; one-shot: P whole
+    parts; two-phase: P pieces of n/P at the owner, then one part per element). The
+    payloads' own bytes are those sent, counted once written, once read."""
     if exchange == "dense" or spec == "allreduce":
         return 0
     bound = gradzip.Spec(spec)
     ef = bound.error_feedback
     if ef is None:  # the default: on for the biased codecs
         ef = bound.name in ("topk", "stc") or (bound.name == "sign" and "majority" not in spec)
+    density = float(bound.params["density"]) if bound.name in ("topk", "stc", "randomk") else 1.0
+    touched = lambda elements: math.ceil(density * elements)  # noqa: E731
     chunk = numel // world
     encoded = numel + (chunk if exchange == "twophase" else 0)  # the owner re-encodes its chunk
     traffic = 4 * encoded + (8 * encoded if ef else 0) + 2 * sent
     if exchange == "twophase":
-        traffic += 4 * chunk + 8 * chunk * world  # the owner's sum: zeroed, P pieces added
-        traffic += 4 * numel + 8 * numel          # the result: zeroed, each chunk added once
+        traffic += 4 * chunk + 8 * touched(chunk) * world  # the owner's sum: zeroed, P pieces added
+        traffic += 4 * numel + 8 * touched(chunk) * world  # the result: zeroed, each chunk added once
     else:
-        traffic += 4 * numel + 8 * numel * world  # the result: zeroed, P parts added
+        traffic += 4 * numel + 8 * touched(numel) * world  # the result: zeroed, P parts added
     return traffic
 
 
