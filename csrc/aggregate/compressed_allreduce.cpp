@@ -99,7 +99,7 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
 CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
     : StatefulAggregation(spec),
       codec_(spec.codec()),
-      exchange_(parse_exchange_request(spec.spec().get_string("exchange", "auto"))),
+      exchange_(exchange_request(spec.spec())),
       error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
       majority_(codec_->parameters().majority),
       min_numel_(spec.spec().get_int("min_numel", 0)),

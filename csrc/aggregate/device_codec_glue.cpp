@@ -84,8 +84,7 @@ class DeviceTensorCodec final : public TensorCodec {
               at::Tensor slot) const override {
     const at::Tensor payload = encode_on_device(*codec_, x, residual, ctx);
     const int64_t size = payload.numel();
-    TORCH_INTERNAL_ASSERT(size <= slot.numel() - kSlotHeaderBytes, "gradzip: a payload of ", size,
-                          " bytes is larger than its codec's bound (", slot.numel() - kSlotHeaderBytes, ")");
+    check_slot_fits(size, slot.numel());
     slot.narrow(0, 0, kSlotHeaderBytes).copy_(at::full({1}, size, at::kLong).view(at::kByte));
     slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
     slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();

@@ -57,16 +57,20 @@ EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk)
   return {z ^ (z >> 31), ctx.step, ctx.rank};
 }
 
+// The length of the longest two-phase chunk: ⌈n/ranks⌉.
+int64_t largest_chunk(int64_t n, int ranks) { return exchange_chunk(n, ranks, 0).length + (n % ranks != 0); }
+
 [[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what) {
   TORCH_CHECK(false, "gradzip: ", what, " of rank ", e.row(), " for the tensor keyed '", key ? *key : "?",
               "' cannot be decoded: ", e.what());
 }
 
-// The exchange's byte buffers, by their role in a call. On the CPU each thread keeps
-// its buffers from call to call (a call uses them only until it returns): fresh
-// allocations of this size come from mmap, and their first touch costs more than the
-// codec's own passes. GPU memory comes from torch's caching allocator.
-enum class Buffer { kMine, kSend, kReceived, kAll, kCount };
+// The exchange's buffers (bytes; the owner's sum viewed as floats), by their role in a
+// call. On the CPU each thread keeps its buffers from call to call (a call uses them only
+// until it returns): fresh allocations of this size come from mmap, and their first
+// touch costs more than the codec's own passes. GPU memory comes from torch's caching
+// allocator.
+enum class Buffer { kMine, kSend, kReceived, kAll, kOwnedSum, kCount };
 
 at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role) {
   if (!device.is_cpu()) return at::empty({bytes}, at::dtype(at::kByte).device(device));
@@ -116,13 +120,21 @@ ExchangeRequest parse_exchange_request(const std::string& value) {
   return ExchangeRequest::kAuto;
 }
 
+ExchangeRequest exchange_request(const Spec& spec) {
+  return parse_exchange_request(spec.get_string("exchange", "auto"));
+}
+
 int64_t slot_bytes(const Codec& codec, int64_t n) {
   return kSlotHeaderBytes + (static_cast<int64_t>(codec.max_payload_bytes(n)) + 7) / 8 * 8;
 }
 
-void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes) {
-  TORCH_INTERNAL_ASSERT(static_cast<int64_t>(size) <= slot_bytes - kSlotHeaderBytes, "gradzip: a payload of ", size,
+void check_slot_fits(int64_t size, int64_t slot_bytes) {
+  TORCH_INTERNAL_ASSERT(size <= slot_bytes - kSlotHeaderBytes, "gradzip: a payload of ", size,
                         " bytes is larger than its codec's bound (", slot_bytes - kSlotHeaderBytes, ")");
+}
+
+void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes) {
+  check_slot_fits(static_cast<int64_t>(size), slot_bytes);
   const uint64_t declared = size;
   std::memcpy(slot, &declared, 8);
   std::memcpy(slot + kSlotHeaderBytes, payload, size);
@@ -151,7 +163,7 @@ Chunk exchange_chunk(int64_t n, int ranks, int j) {
 ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks) {
   const int64_t others = ranks - 1;
   return {ring_allreduce_bytes(n * element_bytes, ranks), others * slot_bytes(codec, n),
-          2 * others * slot_bytes(codec, exchange_chunk(n, ranks, 0).length + (n % ranks != 0))};
+          2 * others * slot_bytes(codec, largest_chunk(n, ranks))};
 }
 
 ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost) {
@@ -190,8 +202,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
   const int ranks = transport->getSize();
   const int rank = transport->getRank();
   const int64_t n = call.x.numel();
-  const int64_t largest = exchange_chunk(n, ranks, 0).length + (n % ranks != 0);
-  const int64_t stride = slot_bytes(host, largest);
+  const int64_t stride = slot_bytes(host, largest_chunk(n, ranks));
 
   // Phase 1: chunk j of this rank's vector goes to rank j.
   at::Tensor send = bytes_on(call.x.device(), ranks * stride, Buffer::kSend);
@@ -207,7 +218,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
   // This rank owns chunk `rank`: the sum of its P pieces, in rank order, re-encoded.
   const Chunk owned = exchange_chunk(n, ranks, rank);
   at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
-  at::Tensor owned_sum = at::zeros({owned.length}, call.x.options());
+  at::Tensor owned_sum = bytes_on(call.x.device(), 4 * owned.length, Buffer::kOwnedSum).view(at::kFloat).zero_();
   // Whatever fails here, this rank still joins the all-gather (with a failed slot), so
   // that the others raise instead of waiting for it.
   std::optional<SlotError> undecodable;

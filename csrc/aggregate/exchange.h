@@ -35,6 +35,8 @@ const char* exchange_name(ExchangeScheme scheme);
 // What a spec's `exchange` key asks for: auto, oneshot or twophase.
 enum class ExchangeRequest { kAuto, kOneShot, kTwoPhase };
 ExchangeRequest parse_exchange_request(const std::string& value);
+// The request of a compressed spec's `exchange` key (auto when it has none).
+ExchangeRequest exchange_request(const Spec& spec);
 
 // Bytes one rank sends for an all-reduce of n elements of `element_bytes` each over
 // `ranks` ranks, by each scheme (slot framing included).
@@ -73,6 +75,8 @@ constexpr int64_t kSlotHeaderBytes = 8;
 constexpr uint64_t kFailedSlot = ~uint64_t{0};
 // The bytes of a slot that holds any payload of `codec` for n elements.
 int64_t slot_bytes(const Codec& codec, int64_t n);
+// Asserts that a payload of `size` bytes fits a slot of `slot_bytes` (the codec's bound).
+void check_slot_fits(int64_t size, int64_t slot_bytes);
 // Writes `size` payload bytes into a slot in host memory.
 void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes);
 // The payload size a slot of `slot_bytes` declares, checked; throws SlotError(row).

@@ -46,8 +46,7 @@ void bind_aggregation(py::module_& m) {
         TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1,
                     "gradzip: exchange_plan needs numel >= 0, world_size >= 1 and element_size >= 1");
         const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size);
-        const auto request = parse_exchange_request(spec.spec().get_string("exchange", "auto"));
-        return py::dict(py::arg("choice") = exchange_name(choose_exchange(request, cost)),
+        return py::dict(py::arg("choice") = exchange_name(choose_exchange(exchange_request(spec.spec()), cost)),
                         py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
                         py::arg("twophase") = cost.twophase);
       },
