@@ -3,10 +3,12 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 #include <optional>
 
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
+#include "aggregate/finite_step.h"
 #ifdef GRADZIP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 
@@ -208,8 +210,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
                                                         std::unique_lock<std::mutex>& lock, CompressedState& state,
                                                         const Plan& how) {
   at::Tensor& tensor = tensors.front();
-  ++state.calls;
   if (how.scheme == ExchangeScheme::kDense) {
+    ++state.calls;
     lock.unlock();
     return exact_allreduce(tensors, opts, transport, stats);
   }
@@ -218,6 +220,13 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const at::Device device = residual_device(tensor);
   ExchangeCall call;
   call.x = tensor.detach().to(device, at::kFloat).contiguous();
+  lock.unlock();
+  if (!finite_on_every_rank(call.x, transport, tensor.device())) {
+    tensor.fill_(std::numeric_limits<float>::quiet_NaN());
+    return completed_work(tensors);
+  }
+  lock.lock();
+  ++state.calls;
   if (error_feedback_) {
     call.worker_residual = residual_on(state, device, n, key);
     if (how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;

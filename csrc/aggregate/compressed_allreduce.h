@@ -23,9 +23,12 @@
 // re-encode of the chunk's sum did not send), kept with the chunk's offset. When the
 // owned chunk moves (another world size, another bucket layout, another exchange), the
 // old owner residual is added to the worker residual, so it is sent next time instead
-// of lost. State is kept under the caller's key: the backend derives keys from the call
-// sequence, the DDP hook uses bucket indices or parameter names, the model-level API
-// parameter names. Calls for one key must not run concurrently.
+// of lost. A compressed step whose input holds Inf or NaN on any rank changes no state
+// (residuals, counters) and returns all NaN on every rank (aggregate/finite_step.h):
+// mixed precision skips it and goes on. State is kept under the caller's key: the
+// backend derives keys from the call sequence, the DDP hook uses bucket indices or
+// parameter names, the model-level API parameter names. Calls for one key must not run
+// concurrently.
 #pragma once
 
 #include "aggregate/exchange.h"
@@ -58,8 +61,6 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                                   const std::vector<TensorPiece>& pieces) override;
 
  private:
-  // The all-reduce on `state`; `lock` holds mutex_ on entry and is released before any
-  // communication.
   // How one call goes: exact, or compressed by an exchange; with two-phase, the chunk
   // this rank owns.
   struct Plan {
@@ -69,7 +70,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
-  // released before any communication.
+  // released before any communication. When any rank's input holds Inf or NaN, the
+  // result is all NaN and `state` is left as it was (aggregate/finite_step.h).
   c10::intrusive_ptr<c10d::Work> run(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,

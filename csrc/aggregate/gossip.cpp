@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
@@ -12,27 +13,33 @@
 namespace gradzip {
 namespace {
 
-constexpr int64_t kHeaderBytes = 4 * sizeof(int64_t);
+constexpr int64_t kHeaderBytes = 5 * sizeof(int64_t);
 
 bool averaged(const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   const auto op = opts.reduceOp.op_;
   return tensor.is_floating_point() && (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
 }
 
-// The header every gossip message carries: its byte count, then what the peers must agree on.
-std::vector<int64_t> message_header(int64_t bytes, const at::Tensor& tensor, uint64_t step) {
-  return {bytes, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(), static_cast<int64_t>(step)};
+// The header every gossip message carries: its byte count, whether the sender's input
+// was finite (choco: a non-finite sender sends no payload), then what the peers must
+// agree on.
+std::vector<int64_t> message_header(int64_t bytes, bool finite, const at::Tensor& tensor, uint64_t step) {
+  return {bytes, finite ? 1 : 0, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(),
+          static_cast<int64_t>(step)};
 }
+constexpr int kAgreedFields = 2;  // the fields from here on must match between peers
+bool sent_finite(const PeerMessage& m) { return m.header[1] != 0; }
 
 std::string describe(const std::vector<int64_t>& h) {
-  return std::to_string(h[2]) + " elements of " + c10::toString(static_cast<at::ScalarType>(h[1])) + " at step " +
-         std::to_string(h[3]);
+  return std::to_string(h[3]) + " elements of " + c10::toString(static_cast<at::ScalarType>(h[2])) + " at step " +
+         std::to_string(h[4]);
 }
 
 void check_peers(const std::vector<PeerMessage>& messages, const std::vector<int64_t>& mine, int rank,
                  const std::string& key) {
   for (const auto& m : messages) {
-    TORCH_CHECK(m.header.size() == mine.size() && std::equal(mine.begin() + 1, mine.end(), m.header.begin() + 1),
+    TORCH_CHECK(m.header.size() == mine.size() &&
+                    std::equal(mine.begin() + kAgreedFields, mine.end(), m.header.begin() + kAgreedFields),
                 "gradzip: gossip between ranks ", rank, " and ", m.rank, " for the tensor keyed '", key,
                 "' does not match: rank ", rank, " has ", describe(mine), ", rank ", m.rank, " has ",
                 describe(m.header), " (every rank must gossip the same tensors in the same order)");
@@ -159,7 +166,7 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   const auto& neighbours = topology.neighbours(rank, step);
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
-  const auto header = message_header(bytes.numel(), tensor, step);
+  const auto header = message_header(bytes.numel(), true, tensor, step);
   const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
   check_peers(messages, header, rank, key);
 
@@ -220,20 +227,29 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   float* mine = copy_of(rank);
 
   // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.
+  // A rank whose x holds Inf or NaN sends no q: no holder changes its copy of that rank.
   const auto x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
   const float* xs = x.data_ptr<float>();
-  std::vector<float> difference(n);
-  for (int64_t i = 0; i < n; ++i) difference[i] = xs[i] - mine[i];
+  const bool finite = all_finite(xs, n);
   std::vector<uint8_t> payload;
-  codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_, step, static_cast<uint32_t>(rank)}, payload);
+  if (finite) {
+    std::vector<float> difference(n);
+    for (int64_t i = 0; i < n; ++i) difference[i] = xs[i] - mine[i];
+    codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_, step, static_cast<uint32_t>(rank)}, payload);
+  }
   const auto bytes =
       at::from_blob(payload.data(), {static_cast<int64_t>(payload.size())}, at::kByte).to(tensor.device());
-  const auto header = message_header(bytes.numel(), tensor, step);
+  const auto header = message_header(bytes.numel(), finite, tensor, step);
   const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
   check_peers(messages, header, rank, key);
 
-  codec_->decode_add(payload.data(), payload.size(), mine, n);
+  bool all_sent = finite;
+  if (finite) codec_->decode_add(payload.data(), payload.size(), mine, n);
   for (const auto& m : messages) {
+    if (!sent_finite(m)) {
+      all_sent = false;
+      continue;
+    }
     const auto received = m.bytes.cpu();
     try {
       codec_->decode_add(received.data_ptr<uint8_t>(), received.numel(), copy_of(m.rank), n);
@@ -241,6 +257,13 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
       TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", key,
                   "' cannot be decoded: ", e.what());
     }
+  }
+
+  const int64_t peers = static_cast<int64_t>(neighbours.size());
+  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages), ring_allreduce_bytes(n * 4, size));
+  if (!all_sent) {  // this rank's input or a neighbour's held Inf or NaN: so does the result
+    tensor.fill_(std::numeric_limits<float>::quiet_NaN());
+    return completed_work(tensors);
   }
 
   // x += gamma * sum_j w_ij (x^_j - x^_i), neighbours in ascending rank order.
@@ -253,9 +276,6 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   }
   tensor.add_(delta.view(tensor.sizes()).to(tensor.device(), tensor.scalar_type()), gamma_);
   if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) tensor.mul_(size);
-
-  const int64_t peers = static_cast<int64_t>(neighbours.size());
-  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages), ring_allreduce_bytes(n * 4, size));
   return completed_work(tensors);
 }
 

@@ -12,6 +12,11 @@
 // the number of calls for the key so far; peers check that they agree on it, on the dtype
 // and on the element count, and raise naming both ranks when they do not.
 //
+// Inf and NaN: gossip averages them in like any value (its neighbours' results turn
+// non-finite too; it keeps no state but the call count). In choco a rank whose input
+// holds Inf or NaN sends no q (its message is marked non-finite): no holder changes its
+// copy of that rank, and its result and its neighbours' are all NaN this step.
+//
 // Floating tensors with AVG are averaged; SUM returns size x the average (an estimate of
 // the sum). Other dtypes and ops go through the transport's exact all-reduce.
 // gossip computes in the tensor's dtype (fp32 for fp16/bf16); choco keeps its copies in

@@ -15,8 +15,14 @@ PayloadHeader read_payload_header(const uint8_t* data, size_t size) {
   const uint8_t id = r.get<uint8_t>("codec id");
   if (!find_codec_record(id)) r.fail("unknown codec id " + std::to_string(id));
   h.codec = static_cast<CodecId>(id);
-  if (r.get<uint32_t>("reserved") != 0) r.fail("reserved header bytes are not zero");
+  const uint32_t flags = r.get<uint32_t>("flags");
+  if ((flags & ~kNonFinitePayloadFlag) != 0) r.fail("unknown header flags " + std::to_string(flags));
+  h.non_finite = (flags & kNonFinitePayloadFlag) != 0;
   h.numel = r.get<uint64_t>("element count");
+  if (h.non_finite && size > kPayloadHeaderBytes) {
+    r.fail("a non-finite payload is its header alone; " + std::to_string(size - kPayloadHeaderBytes) +
+           " bytes follow it");
+  }
   return h;
 }
 
@@ -32,6 +38,10 @@ void Reader::header(CodecId codec, int64_t n) {
   }
   if (h.numel != static_cast<uint64_t>(n)) {
     fail("the payload holds " + std::to_string(h.numel) + " elements, the output has " + std::to_string(n));
+  }
+  if (h.non_finite) {
+    fail("a non-finite payload (its sender's input held Inf or NaN) reached the codec's decoder; "
+         "decode_payload_add() decodes it");
   }
   at_ = kPayloadHeaderBytes;
 }

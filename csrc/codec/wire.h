@@ -27,11 +27,11 @@ class Writer {
     out_.resize(at + bytes, 0);
     return out_.data() + at;
   }
-  void header(CodecId codec, uint64_t numel) {
+  void header(CodecId codec, uint64_t numel, uint32_t flags = 0) {
     put<uint16_t>(0x5A47);  // "GZ"
     put<uint8_t>(kWireVersion);
     put<uint8_t>(static_cast<uint8_t>(codec));
-    put<uint32_t>(0);  // reserved
+    put<uint32_t>(flags);
     put<uint64_t>(numel);
   }
 

@@ -29,13 +29,15 @@ void bind_codec(py::module_& m) {
           e = residual->data_ptr<float>();
         }
         std::vector<uint8_t> out;
+        bool finite;
         {
           py::gil_scoped_release no_gil;
-          spec.codec()->encode(x.data_ptr<float>(), x.numel(), e, {seed, step, rank}, out);
+          finite = encode_unless_non_finite(*spec.codec(), x.data_ptr<float>(), x.numel(), e, {seed, step, rank}, out);
         }
-        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(out.data()), out.size()), finite);
       },
-      py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"));
+      py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
+      "(payload, finite): a non-finite x gives the header-only non-finite payload and leaves the residual.");
   m.def(
       "decode_add",
       [](const py::bytes& data, at::Tensor& out) {
@@ -44,16 +46,17 @@ void bind_codec(py::module_& m) {
         const std::string_view bytes = data;
         const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
         py::gil_scoped_release no_gil;
-        codec_for_payload(p, bytes.size())->decode_add(p, bytes.size(), out.data_ptr<float>(), out.numel());
+        decode_payload_add(p, bytes.size(), out.data_ptr<float>(), out.numel());
       },
-      py::arg("data"), py::arg("out"), "Adds the payload's values to `out` (its element count must match).");
+      py::arg("data"), py::arg("out"),
+      "Adds the payload's values to `out` (its element count must match); a non-finite payload gives NaN.");
   m.def(
       "payload_header",
       [](const py::bytes& data) {
         const std::string_view bytes = data;
         const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
         const auto h = read_payload_header(p, bytes.size());
-        return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel);
+        return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel, !h.non_finite);
       },
       py::arg("data"));
 #ifdef GRADZIP_WITH_CUDA

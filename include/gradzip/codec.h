@@ -77,12 +77,29 @@ struct PayloadHeader {
   CodecId codec;
   uint8_t version;
   uint64_t numel;
+  bool non_finite;  // header flag bit 0: see encode_unless_non_finite()
 };
 constexpr size_t kPayloadHeaderBytes = 16;
 constexpr uint8_t kWireVersion = 1;
 
-// Reads and checks the header: magic, version, a known codec id. Throws PayloadError.
+constexpr uint32_t kNonFinitePayloadFlag = 1;
+// Reads and checks the header: magic, version, a known codec id, known flags (a
+// non-finite payload is the header alone). Throws PayloadError.
 PayloadHeader read_payload_header(const uint8_t* data, size_t size);
+
+// Non-finite input. Error feedback must not absorb a step whose input holds Inf or NaN
+// (mixed precision skips such steps on purpose): the residual would stay non-finite
+// forever. True when every x[i] is finite (one pass, at memory speed).
+bool all_finite(const float* x, int64_t n);
+// Encodes like codec.encode() when x is all finite and returns true. Otherwise appends
+// a non-finite payload (the codec's header with flag bit 0 set, no body), leaves the
+// residual as it was and returns false.
+bool encode_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
+                              const EncodeContext& ctx, std::vector<uint8_t>& out);
+// Adds any payload's values to out[0..n): its codec from the header; a non-finite
+// payload makes every element NaN. Throws PayloadError. (Codec::decode_add() refuses
+// non-finite payloads: aggregations agree on finiteness before they encode.)
+void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n);
 
 // The codec a spec names, e.g. "topk:density=0.01": its name, its own keys only (an
 // aggregation's keys are split off by gradzip/bound_spec.h), values checked. Throws

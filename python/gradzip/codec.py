@@ -53,7 +53,10 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
     gradzip.Spec naming a codec).
 
     With a State, encodes tensor + state.residual (when error feedback is on: the spec's
-    `ef`, else state.error_feedback), updates the residual and advances state.step."""
+    `ef`, else state.error_feedback), updates the residual and advances state.step.
+
+    A tensor holding Inf or NaN (a step mixed precision will skip) gives a header-only
+    non-finite payload that decodes to all NaN, and leaves the State as it was."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         raise TypeError(f"gradzip.codec.encode takes a floating tensor, not {getattr(tensor, 'dtype', type(tensor))}")
     bound = bind_spec(spec)
@@ -77,20 +80,22 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
             residual = state.residual
     if bound.seed is not None:
         seed = bound.seed
-    data = _C.encode(x, bound, residual, seed, step, rank)
-    if state is not None:
+    data, finite = _C.encode(x, bound, residual, seed, step, rank)
+    if state is not None and finite:
         state.step += 1
     return data
 
 
 def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor shaped like `like` (its dtype and device too) holding the payload's values."""
+    """A new tensor shaped like `like` (its dtype and device too) holding the payload's values
+    (all NaN for a non-finite payload)."""
     values = torch.zeros(like.numel(), dtype=torch.float32)
     _C.decode_add(bytes(data), values)
     return values.view(like.shape).to(device=like.device, dtype=like.dtype)
 
 
 def header(data: bytes) -> dict:
-    """The payload's header: codec name, wire-format version and element count."""
-    codec, version, numel = _C.payload_header(bytes(data))
-    return {"codec": codec, "version": version, "numel": numel}
+    """The payload's header: codec name, wire-format version, element count, and whether
+    its sender's input was finite (False: a non-finite payload, the header alone)."""
+    codec, version, numel, finite = _C.payload_header(bytes(data))
+    return {"codec": codec, "version": version, "numel": numel, "finite": finite}

@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <set>
@@ -304,6 +306,71 @@ TEST(CodecTest, NonFiniteInputsPropagate) {
     bool non_finite = false;
     for (float v : decoded) non_finite |= !std::isfinite(v);
     EXPECT_TRUE(non_finite) << spec << " hid a NaN/Inf input";
+  }
+}
+
+TEST(CodecTest, AllFiniteFindsEveryInfAndNaN) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float specials[] = {inf, -inf, std::nanf(""), -std::nanf(""), std::bit_cast<float>(0x7F800001u)};
+  for (int64_t n : {0, 1, 31, 16383, 16384, 16385, 100003}) {
+    auto x = random_input(n, 40, 1e30f);
+    if (n > 2) {
+      x[1] = std::numeric_limits<float>::max();
+      x[2] = std::numeric_limits<float>::denorm_min();
+    }
+    EXPECT_TRUE(all_finite(x.data(), n)) << n;
+    for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+      for (float special : specials) {
+        if (n == 0) continue;
+        auto y = x;
+        y[at] = special;
+        EXPECT_FALSE(all_finite(y.data(), n)) << n << " " << at << " " << special;
+      }
+    }
+  }
+}
+
+TEST(CodecTest, NonFiniteInputLeavesTheResidualAndDecodesToNaN) {
+  const int64_t n = 1000;
+  for (const auto& spec : kSpecs) {
+    const auto codec = make_codec(parse_spec(spec));
+    std::vector<float> residual = random_input(n, 41);
+    const auto before = residual;
+    auto x = random_input(n, 42);
+    x[777] = -std::numeric_limits<float>::infinity();
+    std::vector<uint8_t> payload;
+    EXPECT_FALSE(encode_unless_non_finite(*codec, x.data(), n, residual.data(), {}, payload)) << spec;
+    EXPECT_EQ(0, std::memcmp(before.data(), residual.data(), n * sizeof(float))) << spec;
+    ASSERT_EQ(payload.size(), kPayloadHeaderBytes) << spec;
+    const PayloadHeader header = read_payload_header(payload.data(), payload.size());
+    EXPECT_TRUE(header.non_finite);
+    EXPECT_EQ(header.codec, codec->id());
+    EXPECT_EQ(header.numel, static_cast<uint64_t>(n));
+    std::vector<float> out(n, 1.0f);
+    decode_payload_add(payload.data(), payload.size(), out.data(), n);
+    for (float v : out) ASSERT_TRUE(std::isnan(v)) << spec;
+    EXPECT_THROW(decode_payload_add(payload.data(), payload.size(), out.data(), n + 1), PayloadError);
+    EXPECT_THROW(codec->decode_add(payload.data(), payload.size(), out.data(), n), PayloadError) << spec;
+    auto with_body = payload;
+    with_body.push_back(0);
+    EXPECT_THROW(read_payload_header(with_body.data(), with_body.size()), PayloadError);
+
+    // A finite input encodes as before, and decode_payload_add reads it like decode_add.
+    x[777] = 0.5f;
+    std::vector<uint8_t> finite_payload;
+    EXPECT_TRUE(encode_unless_non_finite(*codec, x.data(), n, residual.data(), {}, finite_payload)) << spec;
+    std::vector<float> expected(n, 0.0f), got(n, 0.0f);
+    codec->decode_add(finite_payload.data(), finite_payload.size(), expected.data(), n);
+    decode_payload_add(finite_payload.data(), finite_payload.size(), got.data(), n);
+    EXPECT_EQ(expected, got) << spec;
+  }
+  auto unknown_flag = encode("topk:density=0.1", random_input(100, 43));
+  unknown_flag[5] = 1;
+  try {
+    read_payload_header(unknown_flag.data(), unknown_flag.size());
+    FAIL();
+  } catch (const PayloadError& e) {
+    EXPECT_NE(std::string(e.what()).find("unknown header flags"), std::string::npos) << e.what();
   }
 }
 

@@ -34,7 +34,7 @@ def test_gpu_encoders_write_the_cpu_bytes_and_residuals(spec, n, ties):
         x = (x * 2).round()
     residual = torch.randn(n, generator=g)
     cpu_residual = residual.clone()
-    expected = _C.encode(x, spec, cpu_residual, 7, 3, 1)
+    expected, _ = _C.encode(x, spec, cpu_residual, 7, 3, 1)
     gpu_residual = residual.cuda()
     got = _C.cuda_encode(x.cuda(), spec, gpu_residual, 7, 3, 1)
     assert bytes(got.cpu().numpy().tobytes()) == expected
@@ -44,7 +44,7 @@ def test_gpu_encoders_write_the_cpu_bytes_and_residuals(spec, n, ties):
 @pytest.mark.parametrize("spec", SPECS)
 def test_gpu_decode_accumulate_is_the_cpu_sum_in_rank_order(spec):
     n = 100003
-    payloads = [_C.encode(torch.randn(n, generator=torch.Generator().manual_seed(r)), spec, None, 5, 0, r)
+    payloads = [_C.encode(torch.randn(n, generator=torch.Generator().manual_seed(r)), spec, None, 5, 0, r)[0]
                 for r in range(4)]
     expected = torch.zeros(n)
     for p in payloads:
@@ -57,7 +57,7 @@ def test_gpu_decode_accumulate_is_the_cpu_sum_in_rank_order(spec):
 
 def test_a_corrupt_payload_is_refused():
     n = 1000
-    good = _C.encode(torch.randn(n), "topk:density=0.05", None, 0, 0, 0)
+    good, _ = _C.encode(torch.randn(n), "topk:density=0.05", None, 0, 0, 0)
     bad = bytearray(good)
     bad[25:29], bad[29:33] = bad[29:33], bad[25:29]  # the first two indices out of order
     rows = [torch.frombuffer(bytearray(p), dtype=torch.uint8).cuda() for p in (good, bytes(bad))]

@@ -1,0 +1,17 @@
+#include "aggregate/finite_step.h"
+
+#include "gradzip/codec.h"
+
+namespace gradzip {
+
+bool finite_on_every_rank(const at::Tensor& x, const c10::intrusive_ptr<c10d::Backend>& transport,
+                          const at::Device& transport_device) {
+  const bool finite = x.is_cpu() ? all_finite(x.data_ptr<float>(), x.numel()) : at::isfinite(x).all().item<bool>();
+  std::vector<at::Tensor> flag = {at::full({1}, finite ? 0 : 1, at::dtype(at::kInt).device(transport_device))};
+  c10d::AllreduceOptions max;
+  max.reduceOp = c10d::ReduceOp::MAX;
+  transport->allreduce(flag, max)->wait();
+  return flag.front().item<int>() == 0;
+}
+
+}  // namespace gradzip
