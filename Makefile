@@ -15,7 +15,7 @@ EPOCHS ?= 3
 SPEC ?= stc:density=0.01
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: all deps build test test-cpp test-python demo bench clean
+.PHONY: all deps build test test-cpp test-python sanitize fuzz demo bench clean
 all: build
 
 deps:
@@ -34,7 +34,16 @@ test-cpp: build
 test-python: build
 	$(PYTHON) -m pytest -q tests/python
 
-test: test-cpp test-python
+# The C++ tests and a multi-rank Python set under AddressSanitizer + UBSan (build-sanitize/).
+sanitize: build
+	scripts/sanitize.sh
+
+# Every codec's decoder under libFuzzer, FUZZ_SECONDS each (campaigns: make fuzz FUZZ_SECONDS=3600).
+FUZZ_SECONDS ?= 15
+fuzz: deps
+	tests/fuzz/fuzz.sh $(FUZZ_SECONDS)
+
+test: test-cpp test-python sanitize fuzz
 
 demo: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS) --spec "$(SPEC)"
@@ -46,4 +55,4 @@ bench: build
 	$(PYTHON) benchmarks/federated.py
 
 clean:
-	rm -rf build python/gradzip/_C*.so
+	rm -rf build build-sanitize build-fuzz python/gradzip/_C*.so

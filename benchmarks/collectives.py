@@ -5,7 +5,9 @@
     sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/collectives.py
 
 Every method is its own process group over the same ranks: "gloo" (dense, Gloo's own
-all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path). For each
+all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path, with the
+collective check that is on by default; "allreduce unchecked" the same with
+validate=False: their ratio is the check's cost). For each
 size the calls go round the methods in turn, so drift in the machine's load hits all
 alike. A call's time is the slowest rank's, after a barrier; the table gives the median
 over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
@@ -36,6 +38,8 @@ import gradzip
 
 SPECS = ["allreduce", "fp16", "topk:density=0.01", "stc:density=0.01", "sign", "qsgd:bits=4", "qsgd:bits=8"]
 DEFAULT_NUMEL = 25_000_000  # fp32 gradient of ResNet-50
+UNCHECKED = "allreduce unchecked"
+DENSE = ("gloo", "allreduce", UNCHECKED)
 
 
 def time_call(fn, group):
@@ -118,6 +122,9 @@ def main():
     groups = {"gloo": dist.new_group(backend="gloo")}
     for spec in specs:
         groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
+        if spec == "allreduce":
+            groups[UNCHECKED] = dist.new_group(backend="gradzip",
+                                               pg_options=gradzip.Options(aggregation=spec, validate=False))
     network = os.environ.get("GRADZIP_NETWORK", "loopback")
     link = args.link_rate or link_rate_bits(network)
 
@@ -144,9 +151,8 @@ def main():
                               else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name in groups:
-            exchange = ("dense" if name in ("gloo", "allreduce")
-                        else gradzip.exchange_plan(name, numel, world)["choice"])
-            memory = memory_bytes(name, numel, world, exchange, sent[name])
+            exchange = "dense" if name in DENSE else gradzip.exchange_plan(name, numel, world)["choice"]
+            memory = 0 if name in DENSE else memory_bytes(name, numel, world, exchange, sent[name])
             floor = (sent[name] * 8 / link if link else 0.0) + memory / bandwidth
             rows.append({"method": name, "numel": numel, "median_s": medians[name], "bytes_sent": sent[name],
                          "exchange": exchange, "floor_s": floor, "memory_bytes": memory,

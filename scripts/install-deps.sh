@@ -4,8 +4,9 @@
 set -euo pipefail
 
 VENV=${GRADZIP_VENV:-$(pwd)/.venv}
+# clang and its runtime libraries: the libFuzzer targets (tests/fuzz/fuzz.sh).
 APT_PACKAGES=(g++ cmake ninja-build ccache libgtest-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist
-              iproute2)
+              iproute2 clang libclang-rt-14-dev)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

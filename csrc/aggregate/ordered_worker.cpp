@@ -1,5 +1,7 @@
 #include "aggregate/ordered_worker.h"
 
+#include <stdexcept>
+
 namespace gradzip {
 namespace {
 
@@ -14,7 +16,18 @@ class JobWork final : public c10d::Work {
     return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
   }
   std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
-  bool wait(std::chrono::milliseconds /*timeout: the transport's own applies*/) override {
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (timeout != kNoTimeout && !future_->completed()) {
+      auto done = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
+      future_->addCallback([done](c10::ivalue::Future&) {
+        std::lock_guard<std::mutex> lock(done->first);
+        done->second.notify_all();
+      });
+      std::unique_lock<std::mutex> lock(done->first);
+      const bool finished = done->second.wait_for(lock, timeout, [this] { return future_->completed(); });
+      TORCH_CHECK(finished, "gradzip: the all_reduce did not finish within Work.wait's timeout of ", timeout.count(),
+                  " ms (it goes on in the background)");
+    }
     future_->waitAndThrow();
     return true;
   }
@@ -40,6 +53,7 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
   {
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "gradzip: the process group's worker has stopped");
+    TORCH_CHECK(aborted_.empty(), aborted_);
     if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
       lock.unlock();
       Job now{std::move(job), std::move(tensors), future};
@@ -58,14 +72,34 @@ void OrderedWorker::drain() {
   idle_.wait(lock, [this] { return jobs_.empty() && !running_; });
 }
 
+void OrderedWorker::abort(const std::string& reason) {
+  std::vector<Job> failed;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    aborted_ = reason;
+    for (auto& job : jobs_) failed.push_back(std::move(job));
+    jobs_.clear();
+    if (current_) failed.push_back({{}, {}, current_->future, current_->settled});
+  }
+  idle_.notify_all();
+  for (auto& job : failed) {
+    if (!job.settled->exchange(true)) job.future->setError(std::make_exception_ptr(std::runtime_error(reason)));
+  }
+}
+
 void OrderedWorker::run(Job& job) {
+  std::exception_ptr error;
   try {
     job.run();
   } catch (...) {
-    job.future->setError(std::current_exception());
-    return;
+    error = std::current_exception();
   }
-  job.future->markCompleted(c10::IValue(job.tensors));
+  if (job.settled->exchange(true)) return;  // aborted meanwhile: the caller has its error
+  if (error) {
+    job.future->setError(error);
+  } else {
+    job.future->markCompleted(c10::IValue(job.tensors));
+  }
 }
 
 void OrderedWorker::loop() {
@@ -76,8 +110,12 @@ void OrderedWorker::loop() {
     Job job = std::move(jobs_.front());
     jobs_.pop_front();
     running_ = true;
+    current_ = &job;
     lock.unlock();
     run(job);
+    lock.lock();
+    current_ = nullptr;
+    lock.unlock();
     job = Job();  // its future's callbacks go here, before the queue may look idle
     lock.lock();
     running_ = false;

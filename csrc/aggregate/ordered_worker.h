@@ -11,12 +11,21 @@
 // submitted job has finished: a caller that is about to issue a transport call of its
 // own calls it first, so that the call cannot overtake a queued one. The thread starts
 // with the first job; the destructor lets queued jobs finish, then joins it.
+//
+// A Work's wait(timeout) raises when the job has not finished within the timeout (it
+// goes on in the background). abort() fails every queued and running job's future at
+// once, so a caller blocked in wait() raises instead of waiting for a peer that will
+// never answer; a running job's own transport call ends by its timeout, its result
+// ignored; later submits raise.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -35,12 +44,16 @@ class OrderedWorker {
   c10::intrusive_ptr<c10d::Work> submit(std::vector<at::Tensor> tensors, std::function<void()> job);
   // Returns when every job submitted so far has finished.
   void drain();
+  // Fails every unfinished job with `reason`; submit() raises it from now on.
+  void abort(const std::string& reason);
 
  private:
   struct Job {
     std::function<void()> run;
     std::vector<at::Tensor> tensors;
     c10::intrusive_ptr<c10::ivalue::Future> future;
+    // Set by whoever completes the future first: the job, or abort().
+    std::shared_ptr<std::atomic<bool>> settled = std::make_shared<std::atomic<bool>>(false);
   };
   void loop();
   static void run(Job& job);
@@ -51,6 +64,8 @@ class OrderedWorker {
   std::deque<Job> jobs_;
   bool running_ = false;
   bool stopping_ = false;
+  std::string aborted_;  // the reason, once aborted
+  Job* current_ = nullptr;  // the running job (worker thread's), for abort()
   std::thread thread_;
 };
 

@@ -34,6 +34,10 @@ class StatefulAggregation : public Aggregation {
     for (const auto& [key, state] : states_) state.save(key, out);
     return out;
   }
+  void forget(const std::vector<std::string>& keys) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& key : keys) states_.erase(key);
+  }
   void load_state_dict(const std::map<std::string, at::Tensor>& state) override {
     std::map<std::string, KeyState> loaded;
     for (const auto& [name, value] : state) {

@@ -115,13 +115,26 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
   std::string key = identity_->key(tensors.front());  // in call order
+  std::vector<std::string> expired = identity_->take_expired();
   if (tensors.front().is_cuda()) {
     verify(call);
+    aggregation_->forget(expired);
     return aggregation_->allreduce(tensors, opts, transport, stats_, key);
   }
-  return worker_.submit(tensors, [this, tensors, opts, call, key = std::move(key), transport]() mutable {
+  // Expired keys are forgotten in call order, after the last call that used them.
+  return worker_.submit(tensors, [this, tensors, opts, call, key = std::move(key), expired = std::move(expired),
+                                  transport]() mutable {
     check_call(call);
-    aggregation_->allreduce(tensors, opts, transport, stats_, key)->wait();
+    aggregation_->forget(expired);
+    try {
+      aggregation_->allreduce(tensors, opts, transport, stats_, key)->wait();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "gradzip: all_reduce of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
+                  getSize(), ": ", e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "gradzip: all_reduce of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
+                  getSize(), ": ", e.what());
+    }
   });
 }
 
@@ -305,6 +318,7 @@ void GradzipBackend::shutdown() {
 
 void GradzipBackend::abort() {
   if (closed_.exchange(true)) return;
+  worker_.abort("gradzip: the process group was aborted (abort() was called) while this all_reduce ran or waited");
   cpu_->abort();
   if (cuda_) cuda_->abort();
 }

@@ -2,6 +2,8 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <utility>
+
 namespace gradzip {
 
 namespace {
@@ -22,6 +24,24 @@ bool CallSequenceIdentity::repeats_without_first(const Signature& signature) con
   return true;
 }
 
+void CallSequenceIdentity::start_step() {
+  counts_.clear();
+  ++step_;
+  for (auto it = named_in_.begin(); it != named_in_.end();) {
+    if (it->second < step_ - 2) {
+      expired_.push_back(it->first);
+      it = named_in_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+std::vector<std::string> CallSequenceIdentity::take_expired() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::exchange(expired_, {});
+}
+
 std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
   const Signature signature{static_cast<int>(tensor.scalar_type()), tensor.numel()};
   std::lock_guard<std::mutex> lock(mutex_);
@@ -29,19 +49,21 @@ std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
     started_ = true;
     first_ = signature;
   } else if (signature == first_ && (previous_ != first_ || !seen_other_)) {
-    counts_.clear();  // a new step
+    start_step();
   } else if (signature != first_ && counts_.count(signature) && repeats_without_first(signature)) {
     first_ = signature;  // the first step's sequence is gone: name the repeating one from here
     seen_other_ = false;
-    counts_.clear();
+    start_step();
   }
   if (history_.size() == kHistory) history_.erase(history_.begin(), history_.begin() + kHistory / 2);
   history_.push_back(signature);
   seen_other_ = seen_other_ || signature != first_;
   previous_ = signature;
   const int64_t k = counts_[signature]++;
-  return std::string(c10::toString(tensor.scalar_type())) + ":" + std::to_string(tensor.numel()) + ":" +
-         std::to_string(k);
+  std::string key = std::string(c10::toString(tensor.scalar_type())) + ":" + std::to_string(tensor.numel()) + ":" +
+                    std::to_string(k);
+  named_in_[key] = step_;
+  return key;
 }
 
 }  // namespace gradzip

@@ -16,6 +16,11 @@
 // and the repeating sequence is named from here on. Keys named before that (one or two
 // steps' worth) are not used again.
 //
+// Keys come and go: a key not named in the step just finished nor in the one before it
+// expires (take_expired() hands it over, once), so that its state can be dropped. State
+// is bounded by three steps' worth of keys, whatever tensors pass through; a tensor that
+// skips two whole steps starts afresh (no residual) when it comes back.
+//
 // So a training loop that all-reduces the same tensors in the same order every step
 // keeps one residual per tensor, however its tensors are allocated, provided its
 // first tensor's dtype and size do not come back inside the step right after a
@@ -36,6 +41,8 @@ namespace gradzip {
 class CallSequenceIdentity {
  public:
   std::string key(const at::Tensor& tensor);
+  // The keys that expired since the last call (see above).
+  std::vector<std::string> take_expired();
 
  private:
   using Signature = std::pair<int, int64_t>;  // (dtype, numel)
@@ -49,6 +56,10 @@ class CallSequenceIdentity {
   bool seen_other_ = false;
   Signature first_{}, previous_{};
   std::map<Signature, int64_t> counts_;  // calls per signature in the current step
+  void start_step();
+  int64_t step_ = 0;                         // steps started so far
+  std::map<std::string, int64_t> named_in_;  // each live key's latest step
+  std::vector<std::string> expired_;
 };
 
 }  // namespace gradzip

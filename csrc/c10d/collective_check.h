@@ -2,9 +2,10 @@
 // that all ranks entered the same collective with compatible tensors.
 //
 // Why: Gloo aborts the whole process when ranks pass tensors of different sizes,
-// and NCCL hangs or reads out of bounds. The check is one small allgather of a
-// fixed-size fingerprint on the CPU transport; every rank sees every fingerprint,
-// so every rank raises the same error, naming each rank's call, and none hangs.
+// and NCCL hangs or reads out of bounds. The check is one small all-to-all of a
+// fixed-size fingerprint on the CPU transport (one message latency); every rank sees
+// every fingerprint, so every rank raises the same error, naming each rank's call, and
+// none hangs.
 #pragma once
 
 #include <cstdint>

@@ -58,6 +58,9 @@ class Aggregation {
   // The state as named tensors, "<key>/<field>" (fields: residual, calls, step,
   // public_copy_<rank>), on the CPU; load_state_dict() restores it exactly.
   virtual std::map<std::string, at::Tensor> state_dict() const { return {}; }
+  // Drops the state kept under these keys (the tensors they named are gone); a key used
+  // again starts afresh.
+  virtual void forget(const std::vector<std::string>& keys) {}
   virtual void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
  private:

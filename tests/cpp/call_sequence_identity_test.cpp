@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <set>
+
 namespace gradzip {
 namespace {
 
@@ -32,6 +34,22 @@ TEST(CallSequenceIdentityTest, RepeatedSizesInsideAStep) {
   const std::vector<int64_t> step = {5, 6, 7, 6, 8};
   const auto first = keys(identity, step);
   for (int i = 0; i < 5; ++i) EXPECT_EQ(keys(identity, step), first);
+}
+
+// Tensors that come once and go (metrics of new sizes): their keys expire two steps
+// later, once each; a steady loop's keys never do.
+TEST(CallSequenceIdentityTest, KeysThatStopComingExpire) {
+  CallSequenceIdentity identity;
+  const std::vector<int64_t> step = {10, 20, 20};
+  std::set<std::string> expired;
+  for (int i = 0; i < 50; ++i) {
+    keys(identity, step);
+    identity.key(at::empty({1000 + i}));  // a size never seen before
+    for (const auto& key : identity.take_expired()) EXPECT_TRUE(expired.insert(key).second) << key;
+  }
+  EXPECT_EQ(expired.size(), 47u);  // every one-off key but the last three steps'
+  for (int i = 0; i < 47; ++i) EXPECT_TRUE(expired.count("Float:" + std::to_string(1000 + i) + ":0")) << i;
+  EXPECT_TRUE(identity.take_expired().empty());
 }
 
 // DDP: the first iteration's buckets differ from all later ones (the rebuild), so its

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Coverage-guided fuzzing of every codec's decoder: one libFuzzer binary per codec, built
+# by clang with AddressSanitizer and UndefinedBehaviorSanitizer (build-fuzz/), run for
+# SECONDS each on its seed corpus (tests/fuzz/corpus/<codec>) after replaying every input
+# that once crashed it (tests/fuzz/regressions/<codec>). A crash, a leak, a timeout or a
+# sanitizer report fails the run and leaves the input in build-fuzz/findings/.
+#   tests/fuzz/fuzz.sh [SECONDS]      default 15 (make test's budget); campaigns: 3600
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+seconds=${1:-15}
+BUILD=build-fuzz
+CODECS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8)
+CXX=${FUZZ_CXX:-clang++}
+command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
+launcher=$(command -v ccache || true)
+flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+       -Iinclude -Icsrc)
+
+mkdir -p "$BUILD/obj" "$BUILD/findings"
+objects=()
+for source in csrc/codec/*.cpp; do objects+=("$BUILD/obj/$(basename "${source%.cpp}").o"); done
+for source in csrc/codec/*.cpp; do
+  object="$BUILD/obj/$(basename "${source%.cpp}").o"
+  if [ ! -f "$object" ] || [ "$source" -nt "$object" ] || [ -n "$(find csrc/codec include -newer "$object" -name '*.h' | head -1)" ]; then
+    echo "$source"
+  fi
+done | xargs -r -P "${MAX_JOBS:-2}" -I{} sh -c \
+  "$launcher $CXX ${flags[*]} -fsanitize=fuzzer-no-link -c {} -o $BUILD/obj/\$(basename {} .cpp).o"
+
+printf '%-9s %10s %8s %8s %9s\n' codec runs cov ft corpus
+for entry in "${CODECS[@]}"; do
+  codec=${entry%%:*} id=${entry##*:}
+  binary="$BUILD/fuzz_decode_$codec"
+  $launcher $CXX "${flags[@]}" -fsanitize=fuzzer -DGRADZIP_FUZZ_CODEC="$id" tests/fuzz/decode_fuzzer.cpp \
+    "${objects[@]}" -o "$binary"
+  regressions="tests/fuzz/regressions/$codec"
+  if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
+    "$binary" -runs=0 "$regressions"/* >"$BUILD/$codec.regressions.log" 2>&1 ||
+      { cat "$BUILD/$codec.regressions.log"; echo "fuzz.sh: $codec: a regression input fails again"; exit 1; }
+  fi
+  work="$BUILD/corpus/$codec"
+  mkdir -p "$work"
+  log="$BUILD/$codec.log"
+  if ! "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="$BUILD/findings/$codec-" "$work" "tests/fuzz/corpus/$codec" >"$log" 2>&1; then
+    tail -60 "$log"
+    echo "fuzz.sh: the $codec decoder failed; the input is in $BUILD/findings/ (add it to $regressions)"
+    exit 1
+  fi
+  runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
+  last=$(grep -E '^#[0-9]+' "$log" | tail -1)
+  cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*')
+  ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*')
+  corpus=$(grep -o 'corp: [0-9]*' <<<"$last" | grep -o '[0-9]*')
+  printf '%-9s %10s %8s %8s %9s\n' "$codec" "$runs" "$cov" "$ft" "$corpus"
+done

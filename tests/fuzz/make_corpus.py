@@ -1,0 +1,53 @@
+"""Writes the fuzzers' seed corpus: valid payloads of every codec, from small tensors with
+the shapes that reach each code path (ties, zeros, Inf, both STC position codings, QSGD
+widths, sign blocks, both top-k index widths' small side), into tests/fuzz/corpus/<codec>/.
+
+    .venv/bin/python tests/fuzz/make_corpus.py
+"""
+import hashlib
+import pathlib
+
+import torch
+
+import gradzip
+
+SPECS = {
+    "identity": ["identity"],
+    "fp16": ["fp16"],
+    "bf16": ["bf16"],
+    "topk": ["topk:density=0.1", "topk:density=0.5", "topk:density=1", "topk:density=0.1,approx=1"],
+    "randomk": ["randomk:density=0.1", "randomk:density=0.5,seed=7"],
+    "stc": ["stc:density=0.01", "stc:density=0.3", "stc:density=0.9"],
+    "sign": ["sign", "sign:block=8", "sign:block=0", "sign:vote=majority"],
+    "qsgd": ["qsgd:bits=2", "qsgd:bits=4", "qsgd:bits=8,bucket=16", "qsgd:bits=4,norm=max"],
+}
+
+
+def inputs():
+    g = torch.Generator().manual_seed(0)
+    yield torch.randn(1, generator=g)
+    yield torch.randn(37, generator=g)
+    yield torch.zeros(64)
+    ties = torch.ones(100)
+    ties[::3] = -1
+    yield ties
+    yield torch.randn(300, generator=g) * 1e-3
+
+
+def main():
+    root = pathlib.Path(__file__).parent / "corpus"
+    for codec, specs in SPECS.items():
+        folder = root / codec
+        folder.mkdir(parents=True, exist_ok=True)
+        for spec in specs:
+            for x in inputs():
+                data = gradzip.codec.encode(x, spec)
+                (folder / hashlib.sha1(data).hexdigest()[:16]).write_bytes(data)
+        inf = torch.randn(20)
+        inf[3] = float("inf")
+        data = gradzip.codec.encode(inf, specs[0])  # the non-finite payload
+        (folder / hashlib.sha1(data).hexdigest()[:16]).write_bytes(data)
+
+
+if __name__ == "__main__":
+    main()

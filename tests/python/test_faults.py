@@ -1,0 +1,132 @@
+"""A rank that dies (SIGKILL) or stops (SIGSTOP) while the others are inside a collective:
+every other rank raises within the group's timeout plus 5 s, with a message that names
+the problem, and a new group of the survivors gives correct results. For the exact
+path, both compressed exchanges, gossip and CHOCO."""
+import datetime
+import multiprocessing
+import os
+import queue
+import signal
+import time
+
+import pytest
+
+from ranks import free_port
+
+TIMEOUT = 5  # the groups' timeout, seconds
+WORLD, VICTIM = 3, 2
+SPECS = ["allreduce", "stc:density=0.01,exchange=oneshot", "stc:density=0.01,exchange=twophase",
+         "gossip:topology=ring", "choco:topology=ring,compress=sign,gamma=0.5"]
+
+
+def _rank(rank, port, spec, fault, results):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      OMP_NUM_THREADS="1")
+    import torch
+    import torch.distributed as dist
+
+    import gradzip
+    timeout = datetime.timedelta(seconds=TIMEOUT)
+    try:
+        dist.init_process_group("gloo", timeout=timeout)
+        group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec), timeout=timeout)
+        x = torch.randn(100_000)
+        for _ in range(2):
+            dist.all_reduce(x.clone(), group=group)
+        if rank == VICTIM:
+            results.put((rank, "fault", None))
+            time.sleep(0.5)  # the others are inside the next all_reduce by now
+            os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            return
+        start = time.monotonic()
+        try:
+            dist.all_reduce(x.clone(), group=group)
+            outcome = ("no error", time.monotonic() - start)
+        except Exception as error:  # noqa: B902 - what the survivor sees is the result
+            outcome = (str(error), time.monotonic() - start)
+        survivors = dist.new_group([0, 1], backend="gradzip", use_local_synchronization=True, timeout=timeout)
+        ones = torch.full((1000,), float(rank + 1))
+        dist.all_reduce(ones, group=survivors)
+        results.put((rank, outcome, ones[0].item()))
+    except BaseException as error:  # noqa: B902
+        results.put((rank, ("setup failed: " + repr(error), 0.0), None))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)  # the broken group is not torn down: its peer is gone
+
+
+def run_fault(spec, fault):
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    outcome = {}
+    deadline = time.monotonic() + 120
+    try:
+        while len(outcome) < WORLD and time.monotonic() < deadline:
+            try:
+                rank, seen, value = results.get(timeout=1)
+                outcome[rank] = (seen, value)
+            except queue.Empty:
+                pass
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+    return outcome
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+@pytest.mark.parametrize("spec", SPECS)
+def test_survivors_raise_in_time_and_regroup(spec, fault):
+    outcome = run_fault(spec, fault)
+    assert outcome.get(VICTIM, (None,))[0] == "fault", outcome
+    for rank in (0, 1):
+        assert rank in outcome, f"rank {rank} never reported: {outcome}"
+        (message, seconds), regrouped = outcome[rank]
+        assert message != "no error" and not message.startswith("setup failed"), (rank, message)
+        assert seconds < TIMEOUT + 5, (rank, seconds, message)
+        named = ["timed out", "timeout", "closed", "reset", "connection", "peer", "rank"]
+        assert any(word in message.lower() for word in named), (rank, message)
+        assert regrouped == 3.0, f"rank {rank}: the survivors' group summed to {regrouped}"
+
+
+def blocked_call(rank, world, how):
+    """Rank 1 never joins the second all_reduce: rank 0's wait ends by abort() from another
+    thread, or by Work.wait's own timeout, long before the group's (60 s)."""
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    import gradzip
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="stc:density=0.01"),
+                           timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1000), group=group)
+    if rank == 1:
+        time.sleep(8)
+        return None
+    start = time.monotonic()
+    try:
+        if how == "abort":
+            threading.Timer(1.0, group.abort).start()
+            dist.all_reduce(torch.ones(100_000), group=group)
+        else:
+            work = dist.all_reduce(torch.ones(100_000), group=group, async_op=True)
+            work.wait(timeout=datetime.timedelta(seconds=1))
+        return "no error", time.monotonic() - start
+    except Exception as error:  # noqa: B902
+        return str(error), time.monotonic() - start
+
+
+@pytest.mark.parametrize("how,words", [("abort", "aborted"), ("timeout", "timeout of 1000 ms")])
+def test_a_waiting_all_reduce_ends_by_abort_or_by_its_wait_timeout(how, words):
+    from ranks import run_ranks
+    (message, seconds), _ = run_ranks(blocked_call, 2, how)
+    assert words in message, message
+    assert 0.9 < seconds < 3, seconds
