@@ -9,6 +9,7 @@
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/finite_step.h"
+#include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
 

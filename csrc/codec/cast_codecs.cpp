@@ -33,7 +33,7 @@ class IdentityCodec final : public ValueCodec {
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
     w.header(id(), n);
-    std::memcpy(w.reserve(n * 4), u, n * 4);
+    if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);  // an empty tensor's data may be null
   }
 };
 

@@ -147,7 +147,7 @@ class StcCodec final : public SelectionCodec {
       for (int64_t i : chosen) map[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
     } else {
       w.put<uint64_t>(golomb.size());
-      std::memcpy(w.reserve(golomb.size()), golomb.data(), golomb.size());
+      if (!golomb.empty()) std::memcpy(w.reserve(golomb.size()), golomb.data(), golomb.size());
     }
     uint8_t* signs = w.reserve(wire::bytes_for_bits(k));
     for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
