@@ -5,7 +5,8 @@
 
 For each aggregation, a gradzip process group all-reduces a gradient-sized tensor
 (--numel) `--calls` times, plus, every 10th call, a tensor of a size never seen before
-(the backend keys state by call sequence: keys come and go). Each rank samples its
+(the backend keys state by call sequence: keys come and go; each would keep a residual
+of 4 x its size if state were never dropped). Each rank samples its
 resident set (/proc/self/statm) and its open descriptors (/proc/self/fd) after a
 warm-up tenth of the calls and at the end; the table gives the largest growth over the
 ranks. The groups are destroyed in turn, so descriptors must return too. Rank 0 prints
@@ -43,7 +44,7 @@ def soak(spec: str, calls: int, numel: int, rank: int) -> dict:
         y = x.clone()
         dist.all_reduce(y, group=group)
         if call % 10 == 9:  # a tensor that comes once and goes
-            dist.all_reduce(torch.ones(1000 + call), group=group)
+            dist.all_reduce(torch.ones(numel + call), group=group)
         if call + 1 == warm:
             dist.barrier(group=group)
             rss0, fds0 = resident_mb(), open_fds()

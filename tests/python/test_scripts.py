@@ -145,3 +145,14 @@ def test_codecs_benchmark_quick(tmp_path):
                                                           "qsgd:bits=4"}
     assert all(row["encode_s"] > 0 and row["decode_s"] > 0 for row in result["rows"])
     assert all(row["encode_floor_s"] > 0 and row["decode_floor_s"] > 0 for row in result["rows"])
+
+
+def test_soak_is_flat(tmp_path):
+    """The soak's short version: memory and descriptors flat over 600 all_reduces per
+    aggregation, while 60 one-off tensors pass through the backend (each would keep a
+    400 KB residual forever if expired keys kept their state: +24 MB and more)."""
+    torchrun("benchmarks/soak.py", "--calls", "600", "--json", str(tmp_path / "soak.json"))
+    result = json.loads((tmp_path / "soak.json").read_text())
+    assert len(result["rows"]) == 8 and result["fds_left"] == 0
+    for row in result["rows"]:
+        assert row["fd_growth"] == 0 and row["rss_growth_mb"] < 12, row
