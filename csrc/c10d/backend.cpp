@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "c10d/call_sequence_identity.h"
+#include "c10d/checked_p2p.h"
 #include "c10d/collective_check.h"
 
 namespace gradzip {
@@ -278,17 +279,29 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::alltoall(std::vector<at::Tensor>&
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
   worker_.drain();
-  return transport_for(tensors, "send")->send(tensors, dst_rank, tag);
+  const auto& transport = transport_for(tensors, "send");
+  if (check_ && tensors.size() == 1 && tensors.front().is_cpu()) {
+    return checked_send(transport, tensors.front(), dst_rank, tag);
+  }
+  return transport->send(tensors, dst_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
   worker_.drain();
-  return transport_for(tensors, "recv")->recv(tensors, src_rank, tag);
+  const auto& transport = transport_for(tensors, "recv");
+  if (check_ && tensors.size() == 1 && tensors.front().is_cpu()) {
+    return checked_recv(transport, tensors.front(), src_rank, tag);
+  }
+  return transport->recv(tensors, src_rank, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
   worker_.drain();
-  return transport_for(tensors, "recv")->recvAnysource(tensors, tag);
+  const auto& transport = transport_for(tensors, "recv");
+  if (check_ && tensors.size() == 1 && tensors.front().is_cpu()) {
+    return checked_recv(transport, tensors.front(), -1, tag);
+  }
+  return transport->recvAnysource(tensors, tag);
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::barrier(const c10d::BarrierOptions& opts) {

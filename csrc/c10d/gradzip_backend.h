@@ -9,8 +9,9 @@
 // transport (NCCL) for CUDA tensors. Before a collective is forwarded, and when
 // `validate` is on, every rank confirms that all ranks made the same call with
 // compatible tensors (csrc/c10d/collective_check.h), so a size mismatch is an error on
-// every rank instead of an aborted process or a hang. send/recv are point-to-point and
-// are not checked.
+// every rank instead of an aborted process or a hang. With `validate` on, CPU send/recv
+// carry a small header, so a recv that disagrees with its send raises on the receiver
+// (csrc/c10d/checked_p2p.h).
 #pragma once
 
 #include <atomic>

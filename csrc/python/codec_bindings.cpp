@@ -39,6 +39,15 @@ void bind_codec(py::module_& m) {
       py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
       "(payload, finite): a non-finite x gives the header-only non-finite payload and leaves the residual.");
   m.def(
+      "all_finite",
+      [](const at::Tensor& x) {
+        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+                    "gradzip: all_finite takes a contiguous float32 CPU tensor");
+        py::gil_scoped_release no_gil;
+        return all_finite(x.data_ptr<float>(), x.numel());
+      },
+      py::arg("x"), "True when x holds no Inf or NaN: the check every compressed all-reduce makes first.");
+  m.def(
       "decode_add",
       [](const py::bytes& data, at::Tensor& out) {
         TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),

@@ -113,6 +113,49 @@ def test_mismatched_calls_are_refused_on_every_rank_without_hanging():
     assert results[0] == results[1]  # the same words on every rank
 
 
+def mismatched_point_to_point(rank, world):
+    """Sends and receives that disagree: the receiver raises naming both sides, its tensor
+    unchanged, and the pair goes on exchanging in step; matching ones arrive intact."""
+    import gradzip
+    gradzip.init_process_group("gradzip")
+    cases = [(10, torch.float32, 11, torch.float32), (11, torch.float32, 10, torch.float32),
+             (10, torch.float32, 10, torch.int32), (6, torch.float16, 3, torch.float32)]
+    seen = []
+    for sent_n, sent_dtype, want_n, want_dtype in cases:
+        if rank == 0:
+            dist.send(torch.arange(sent_n).to(sent_dtype), 1)
+        else:
+            out = torch.full((want_n,), 7).to(want_dtype)
+            try:
+                dist.recv(out, 0)
+                seen.append(None)
+            except RuntimeError as error:
+                assert torch.equal(out, torch.full((want_n,), 7).to(want_dtype))
+                seen.append(str(error))
+        # in step afterwards: a matching exchange both ways, irecv posted before isend
+        mine = torch.full((5,), float(rank))
+        theirs = torch.empty(5)
+        works = [dist.irecv(theirs, 1 - rank), dist.isend(mine, 1 - rank)]
+        for w in works:
+            w.wait()
+        assert theirs.tolist() == [float(1 - rank)] * 5
+    any_source = torch.empty(4)
+    if rank == 0:
+        dist.send(torch.ones(4), 1)
+    else:
+        dist.recv(any_source)  # from any rank
+        assert any_source.tolist() == [1.0] * 4
+    return seen
+
+
+def test_mismatched_send_and_recv_raise_on_the_receiver():
+    _, seen = run_ranks(mismatched_point_to_point, 2, timeout=120)
+    assert "expects 11 elements of Float, rank 0 sent 10 elements of Float" in seen[0], seen[0]
+    assert "expects 10 elements of Float, rank 0 sent 11 elements of Float" in seen[1], seen[1]
+    assert "expects 10 elements of Int, rank 0 sent 10 elements of Float" in seen[2], seen[2]
+    assert "expects 3 elements of Float, rank 0 sent 6 elements of Half" in seen[3], seen[3]
+
+
 def cuda_without_cuda(rank, world):
     import gradzip
     gradzip.init_process_group("gradzip")
