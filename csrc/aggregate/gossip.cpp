@@ -8,6 +8,7 @@
 #include "aggregate/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/peer_exchange.h"
+#include "aggregate/peer_header.h"
 #include "codec/codec_record.h"
 
 namespace gradzip {
@@ -20,31 +21,38 @@ bool averaged(const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   return tensor.is_floating_point() && (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
 }
 
-// The header every gossip message carries: its byte count, whether the sender's input
-// was finite (choco: a non-finite sender sends no payload), then what the peers must
-// agree on.
-std::vector<int64_t> message_header(int64_t bytes, bool finite, const at::Tensor& tensor, uint64_t step) {
-  return {bytes, finite ? 1 : 0, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(),
-          static_cast<int64_t>(step)};
-}
-constexpr int kAgreedFields = 2;  // the fields from here on must match between peers
-bool sent_finite(const PeerMessage& m) { return m.header[1] != 0; }
-
-std::string describe(const std::vector<int64_t>& h) {
-  return std::to_string(h[3]) + " elements of " + c10::toString(static_cast<at::ScalarType>(h[2])) + " at step " +
-         std::to_string(h[4]);
+// The header every gossip message carries (aggregate/peer_header.h).
+PeerHeader message_header(int64_t bytes, bool finite, const at::Tensor& tensor, uint64_t step) {
+  return {bytes, finite, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(), static_cast<int64_t>(step)};
 }
 
-void check_peers(const std::vector<PeerMessage>& messages, const std::vector<int64_t>& mine, int rank,
-                 const std::string& key) {
-  for (const auto& m : messages) {
-    TORCH_CHECK(m.header.size() == mine.size() &&
-                    std::equal(mine.begin() + kAgreedFields, mine.end(), m.header.begin() + kAgreedFields),
-                "gradzip: gossip between ranks ", rank, " and ", m.rank, " for the tensor keyed '", key,
-                "' does not match: rank ", rank, " has ", describe(mine), ", rank ", m.rank, " has ",
-                describe(m.header), " (every rank must gossip the same tensors in the same order)");
-  }
+std::string describe(const PeerHeader& h) {
+  const bool known = h.dtype < static_cast<int64_t>(at::ScalarType::NumOptions);
+  return std::to_string(h.numel) + " elements of " +
+         (known ? c10::toString(static_cast<at::ScalarType>(h.dtype)) : "dtype " + std::to_string(h.dtype)) +
+         " at step " + std::to_string(h.step);
 }
+
+// Checks a peer's header before its message is received: well formed, for the same
+// tensor and step as mine, announcing at most max_bytes.
+PeerHeaderCheck header_check(const PeerHeader& mine, int64_t max_bytes, int rank, const std::string& key) {
+  return [mine, max_bytes, rank, &key](int peer, const std::vector<int64_t>& fields) {
+    PeerHeader theirs;
+    try {
+      theirs = parse_peer_header(fields.data(), fields.size());
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK(false, "gradzip: rank ", peer, " sent rank ", rank, " ", e.what(), " for the tensor keyed '", key,
+                  "'");
+    }
+    TORCH_CHECK(theirs.agrees_with(mine), "gradzip: gossip between ranks ", rank, " and ", peer,
+                " for the tensor keyed '", key, "' does not match: rank ", rank, " has ", describe(mine), ", rank ",
+                peer, " has ", describe(theirs), " (every rank must gossip the same tensors in the same order)");
+    TORCH_CHECK(theirs.bytes <= max_bytes, "gradzip: rank ", peer, " announced a message of ", theirs.bytes,
+                " bytes for the tensor keyed '", key, "', where at most ", max_bytes, " can be meant");
+  };
+}
+
+bool sent_finite(const PeerMessage& m) { return m.header[1] == 1; }
 
 std::vector<int> ranks_of(const std::vector<Neighbour>& neighbours) {
   std::vector<int> ranks;
@@ -167,8 +175,8 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
   const auto header = message_header(bytes.numel(), true, tensor, step);
-  const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
-  check_peers(messages, header, rank, key);
+  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
+                                            header_check(header, bytes.numel(), rank, key));
 
   // Sum the weighted terms in ascending rank order, this rank's own among them.
   const auto accumulate = tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -240,8 +248,9 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   const auto bytes =
       at::from_blob(payload.data(), {static_cast<int64_t>(payload.size())}, at::kByte).to(tensor.device());
   const auto header = message_header(bytes.numel(), finite, tensor, step);
-  const auto messages = exchange_with_peers(header, bytes, ranks_of(neighbours), transport);
-  check_peers(messages, header, rank, key);
+  const auto max_bytes = static_cast<int64_t>(codec_->max_payload_bytes(n));
+  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
+                                            header_check(header, max_bytes, rank, key));
 
   bool all_sent = finite;
   if (finite) codec_->decode_add(payload.data(), payload.size(), mine, n);

@@ -8,6 +8,7 @@
 // a user's send/recv on the same transport.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -23,10 +24,15 @@ struct PeerMessage {
 };
 
 // `bytes` is a contiguous uint8 tensor on the transport's device; header[0] must equal
-// bytes.numel() and every peer must send a header of the same length. Returns the
-// peers' messages in the order of `peers`.
+// bytes.numel() and every peer must send a header of the same length. `check` sees each
+// peer's header before anything is allocated for its message, and throws to refuse it:
+// a refused peer exchanges no bytes with this rank (the check must refuse symmetrically),
+// the others do, then the first refusal is rethrown. Returns the peers' messages in the
+// order of `peers`.
+using PeerHeaderCheck = std::function<void(int rank, const std::vector<int64_t>& header)>;
 std::vector<PeerMessage> exchange_with_peers(const std::vector<int64_t>& header, const at::Tensor& bytes,
                                              const std::vector<int>& peers,
-                                             const c10::intrusive_ptr<c10d::Backend>& transport);
+                                             const c10::intrusive_ptr<c10d::Backend>& transport,
+                                             const PeerHeaderCheck& check);
 
 }  // namespace gradzip

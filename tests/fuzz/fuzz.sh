@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of every codec's decoder: one libFuzzer binary per codec, built
-# by clang with AddressSanitizer and UndefinedBehaviorSanitizer (build-fuzz/), run for
-# SECONDS each on its seed corpus (tests/fuzz/corpus/<codec>) after replaying every input
-# that once crashed it (tests/fuzz/regressions/<codec>). A crash, a leak, a timeout or a
+# Coverage-guided fuzzing of every decoder of bytes from another rank: one libFuzzer
+# binary per codec (decode_fuzzer.cpp) and one for gossip/choco message headers
+# (peer_header_fuzzer.cpp), built by clang with AddressSanitizer and UndefinedBehavior-
+# Sanitizer (build-fuzz/), run for SECONDS each on its seed corpus (tests/fuzz/corpus/
+# <target>) after replaying every input that once crashed it (tests/fuzz/regressions/<target>). A crash, a leak, a timeout or a
 # sanitizer report fails the run and leaves the input in build-fuzz/findings/.
 #   tests/fuzz/fuzz.sh [SECONDS]      default 15 (make test's budget); campaigns: 3600
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-15}
 BUILD=build-fuzz
-CODECS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8)
+TARGETS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8 peer_header:0)
 CXX=${FUZZ_CXX:-clang++}
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
 launcher=$(command -v ccache || true)
@@ -18,21 +19,27 @@ flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -f
 
 mkdir -p "$BUILD/obj" "$BUILD/findings"
 objects=()
-for source in csrc/codec/*.cpp; do objects+=("$BUILD/obj/$(basename "${source%.cpp}").o"); done
-for source in csrc/codec/*.cpp; do
+sources=(csrc/codec/*.cpp csrc/aggregate/peer_header.cpp)
+for source in "${sources[@]}"; do objects+=("$BUILD/obj/$(basename "${source%.cpp}").o"); done
+for source in "${sources[@]}"; do
   object="$BUILD/obj/$(basename "${source%.cpp}").o"
-  if [ ! -f "$object" ] || [ "$source" -nt "$object" ] || [ -n "$(find csrc/codec include -newer "$object" -name '*.h' | head -1)" ]; then
+  if [ ! -f "$object" ] || [ "$source" -nt "$object" ] ||
+     [ -n "$(find csrc/codec csrc/aggregate/peer_header.h include -newer "$object" -name '*.h' | head -1)" ]; then
     echo "$source"
   fi
 done | xargs -r -P "${MAX_JOBS:-2}" -I{} sh -c \
   "$launcher $CXX ${flags[*]} -fsanitize=fuzzer-no-link -c {} -o $BUILD/obj/\$(basename {} .cpp).o"
 
-printf '%-9s %10s %8s %8s %9s\n' codec runs cov ft corpus
-for entry in "${CODECS[@]}"; do
+printf '%-12s %10s %8s %8s %9s\n' target runs cov ft corpus
+for entry in "${TARGETS[@]}"; do
   codec=${entry%%:*} id=${entry##*:}
-  binary="$BUILD/fuzz_decode_$codec"
-  $launcher $CXX "${flags[@]}" -fsanitize=fuzzer -DGRADZIP_FUZZ_CODEC="$id" tests/fuzz/decode_fuzzer.cpp \
-    "${objects[@]}" -o "$binary"
+  binary="$BUILD/fuzz_$codec"
+  if [ "$codec" = peer_header ]; then
+    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer tests/fuzz/peer_header_fuzzer.cpp "${objects[@]}" -o "$binary"
+  else
+    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer -DGRADZIP_FUZZ_CODEC="$id" tests/fuzz/decode_fuzzer.cpp \
+      "${objects[@]}" -o "$binary"
+  fi
   regressions="tests/fuzz/regressions/$codec"
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
     "$binary" -runs=0 "$regressions"/* >"$BUILD/$codec.regressions.log" 2>&1 ||
@@ -52,5 +59,5 @@ for entry in "${CODECS[@]}"; do
   cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*')
   ft=$(grep -o 'ft: [0-9]*' <<<"$last" | grep -o '[0-9]*')
   corpus=$(grep -o 'corp: [0-9]*' <<<"$last" | grep -o '[0-9]*')
-  printf '%-9s %10s %8s %8s %9s\n' "$codec" "$runs" "$cov" "$ft" "$corpus"
+  printf '%-12s %10s %8s %8s %9s\n' "$codec" "$runs" "$cov" "$ft" "$corpus"
 done

@@ -1,11 +1,13 @@
 """Writes the fuzzers' seed corpus: valid payloads of every codec, from small tensors with
 the shapes that reach each code path (ties, zeros, Inf, both STC position codings, QSGD
-widths, sign blocks, both top-k index widths' small side), into tests/fuzz/corpus/<codec>/.
+widths, sign blocks, both top-k index widths' small side), into tests/fuzz/corpus/<codec>/,
+and gossip message headers into tests/fuzz/corpus/peer_header/.
 
     .venv/bin/python tests/fuzz/make_corpus.py
 """
 import hashlib
 import pathlib
+import struct
 
 import torch
 
@@ -49,5 +51,15 @@ def main():
         (folder / hashlib.sha1(data).hexdigest()[:16]).write_bytes(data)
 
 
+def peer_headers():
+    """gossip/choco headers (csrc/aggregate/peer_header.h): bytes, finite, dtype, numel, step."""
+    folder = pathlib.Path(__file__).parent / "corpus" / "peer_header"
+    folder.mkdir(parents=True, exist_ok=True)
+    for fields in ([4000, 1, 6, 1000, 0], [0, 0, 6, 1000, 7], [129, 1, 15, 300, 2], [8, 1, 6, 2]):
+        data = struct.pack(f"<{len(fields)}q", *fields)
+        (folder / hashlib.sha1(data).hexdigest()[:16]).write_bytes(data)
+
+
 if __name__ == "__main__":
     main()
+    peer_headers()
