@@ -107,7 +107,8 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       majority_(codec_->parameters().majority),
       min_numel_(spec.spec().get_int("min_numel", 0)),
       warmup_(spec.spec().get_int("warmup", 0)),
-      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))) {}
+      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
+      agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {}
 
 at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
 #ifdef GRADZIP_WITH_CUDA
@@ -222,7 +223,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   ExchangeCall call;
   call.x = tensor.detach().to(device, at::kFloat).contiguous();
   lock.unlock();
-  if (!finite_on_every_rank(call.x, transport, tensor.device())) {
+  if (agree_on_finiteness_ && !finite_on_every_rank(call.x, transport, tensor.device())) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }

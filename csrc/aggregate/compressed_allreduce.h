@@ -23,9 +23,11 @@
 // re-encode of the chunk's sum did not send), kept with the chunk's offset. When the
 // owned chunk moves (another world size, another bucket layout, another exchange), the
 // old owner residual is added to the worker residual, so it is sent next time instead
-// of lost. A compressed step whose input holds Inf or NaN on any rank changes no state
-// (residuals, counters) and returns all NaN on every rank (aggregate/finite_step.h):
-// mixed precision skips it and goes on. State is kept under the caller's key: the
+// of lost. With error feedback, a compressed step whose input holds Inf or NaN on any
+// rank changes no state (residuals, counters) and returns all NaN on every rank
+// (aggregate/finite_step.h): mixed precision skips it and goes on. Without, the codec
+// carries the Inf or NaN into the result (majority vote and random-k, which could drop
+// it, agree first like error feedback). State is kept under the caller's key: the
 // backend derives keys from the call sequence, the DDP hook uses bucket indices or
 // parameter names, the model-level API parameter names. Calls for one key must not run
 // concurrently.
@@ -86,6 +88,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   int64_t min_numel_;
   int64_t warmup_;
   uint64_t seed_;
+  // Whether calls first agree that no rank's input holds Inf or NaN: with error feedback
+  // (its state must not absorb such a step), or when the codec could hide one. Without
+  // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
+  bool agree_on_finiteness_;
 };
 
 // The spec keys every compressed aggregation takes, besides its codec's.

@@ -23,6 +23,7 @@ class SignCodec final : public ValueCodec {
  public:
   explicit SignCodec(const CodecParameters& p) : ValueCodec(p), block_(p.block) {}
   bool biased() const override { return !parameters_.majority; }
+  bool carries_non_finite() const override { return !parameters_.majority; }
   size_t max_payload_bytes(int64_t n) const override {
     const uint64_t blocks = block_ ? (static_cast<uint64_t>(n) + block_ - 1) / block_ : 0;
     return kPayloadHeaderBytes + 4 + blocks * 4 + wire::bytes_for_bits(n);

@@ -57,6 +57,9 @@ class Codec {
   virtual const CodecParameters& parameters() const = 0;
   // True when the codec is biased and error feedback is on by default (top-k, STC, sign).
   virtual bool biased() const = 0;
+  // True when an Inf or NaN in x always makes some decoded value non-finite (false for
+  // majority-vote sign, which sends a NaN's sign bit, and random-k, which may not pick it).
+  virtual bool carries_non_finite() const { return true; }
 
   // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
   // compresses x + residual and leaves in `residual` what was not sent.
