@@ -8,23 +8,44 @@
 
 namespace gradzip {
 
-bool all_finite(const float* x, int64_t n) {
-  // A float is Inf or NaN exactly when its exponent bits are all ones. The largest
-  // exponent field over a block is one vectorized max; blocks let a bad step stop early.
+namespace {
+
+constexpr int64_t kFiniteBlock = 1 << 14;  // elements checked between early exits
+
+// Inf and NaN are the only floats whose exponent field is all ones. An OR of compares
+// over a block vectorizes; blocks let a bad step stop early.
+inline bool block_finite(const float* x, int64_t begin, int64_t end) {
   constexpr uint32_t kExponent = 0x7F800000u;
-  constexpr int64_t kBlock = 1 << 14;
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t end = std::min(n, begin + kBlock);
-    uint32_t largest = 0;
-    for (int64_t i = begin; i < end; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, x + i, 4);
-      largest = std::max(largest, bits & kExponent);
-    }
-    if (largest == kExponent) return false;
+  uint32_t bad = 0;
+  for (int64_t i = begin; i < end; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, 4);
+    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+  }
+  return bad == 0;
+}
+
+// The same loop compiled for AVX2 (32-byte compares): at the read bandwidth of one core
+// here, where the baseline x86-64 build runs at about half of it.
+__attribute__((target("avx2"))) bool all_finite_avx2(const float* x, int64_t n) {
+  for (int64_t b = 0; b < n; b += kFiniteBlock) {
+    if (!block_finite(x, b, std::min(n, b + kFiniteBlock))) return false;
   }
   return true;
 }
+
+bool all_finite_baseline(const float* x, int64_t n) {
+  for (int64_t b = 0; b < n; b += kFiniteBlock) {
+    if (!block_finite(x, b, std::min(n, b + kFiniteBlock))) return false;
+  }
+  return true;
+}
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
+}  // namespace
+
+bool all_finite(const float* x, int64_t n) { return kHasAvx2 ? all_finite_avx2(x, n) : all_finite_baseline(x, n); }
 
 bool encode_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
                               const EncodeContext& ctx, std::vector<uint8_t>& out) {
