@@ -1,5 +1,7 @@
 #include "aggregate/finite_step.h"
 
+#include <vector>
+
 #include "gradzip/codec.h"
 
 namespace gradzip {
