@@ -147,6 +147,13 @@ c10::intrusive_ptr<c10d::Work> Aggregation::allreduce_pieces(std::vector<at::Ten
   return allreduce(tensors, opts, transport, stats, key);
 }
 
+c10::intrusive_ptr<c10d::Work> Aggregation::reduce_scatter(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::ReduceScatterOptions& opts,
+                                                           const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                           Stats& stats, const std::string&) {
+  return exact_reduce_scatter(output, input, opts, transport, stats);
+}
+
 void Aggregation::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   if (!state.empty()) {
     throw std::invalid_argument("gradzip: aggregation '" + spec_.str() + "' keeps no state, but the state to load has " +

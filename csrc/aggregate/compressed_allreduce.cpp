@@ -67,6 +67,9 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring)"),
+          SpecKey::choice("reduce_scatter", "exact", {"exact", "compressed"},
+                          "the gradzip backend's reduce_scatter_tensor (FSDP's gradients): exact, or compressed "
+                          "with this codec and error feedback like all_reduce"),
           SpecKey::integer("min_numel", "0", 0, 9.2e18, "tensors with fewer elements go exact"),
           SpecKey::integer("warmup", "0", 0, 9.2e18, "the first warmup all-reduces of each tensor go exact"),
           SpecKey::integer("seed", "0", 0, 9.2e18,
@@ -257,6 +260,71 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
   return completed_work(tensors);
+}
+
+std::string CompressedAllreduce::reduce_scatter_exact_reason(const at::Tensor& input, c10d::ReduceOp::RedOpType op,
+                                                             int ranks, const CompressedState& state) const {
+  if (!compressible(input)) return "its dtype is " + std::string(c10::toString(input.scalar_type()));
+  if (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG) {
+    return "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG";
+  }
+  if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return "(one rank, min_numel or warmup)";
+  const ReduceScatterCost cost = reduce_scatter_cost(*codec_, input.numel(), input.element_size(), ranks);
+  if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
+    return "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
+           std::to_string(cost.dense);
+  }
+  return {};
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::ReduceScatterOptions& opts,
+                                                                   const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                                   Stats& stats, const std::string& key) {
+  check_reduce_scatter(output, input, *transport);
+  const int ranks = transport->getSize();
+  const int64_t n = input.numel();
+  std::unique_lock<std::mutex> lock(mutex_);
+  CompressedState& state = states_[key];
+  const std::string exact_because = reduce_scatter_exact_reason(input, opts.reduceOp.op_, ranks, state);
+  if (!exact_because.empty()) {
+    ++state.calls;
+    if (exact_because.front() != '(' && said_exact_.insert(key).second) {
+      TORCH_WARN("gradzip: the reduce-scatter of the tensor keyed '", key, "' goes exact (", codec_->name(),
+                 " not used): ", exact_because);
+    }
+    lock.unlock();
+    return exact_reduce_scatter(output, input, opts, transport, stats);
+  }
+  const at::Device device = residual_device(input);
+  ExchangeCall call;
+  call.x = input.detach().reshape({n}).to(device, at::kFloat).contiguous();
+  lock.unlock();
+  std::vector<at::Tensor> outputs = {output};
+  if (agree_on_finiteness_ && !finite_on_every_rank(call.x, transport, input.device())) {
+    output.fill_(std::numeric_limits<float>::quiet_NaN());
+    return completed_work(outputs);
+  }
+  lock.lock();
+  ++state.calls;
+  if (error_feedback_) call.worker_residual = residual_on(state, device, n, key);
+  call.ctx = {seed_, state.step, static_cast<uint32_t>(transport->getRank())};
+  if (!majority_ && opts.reduceOp.op_ == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(ranks);
+  call.key = &key;
+  call.transport_device = input.device();
+  ++state.step;
+  lock.unlock();
+
+#ifdef GRADZIP_WITH_CUDA
+  const std::optional<c10::cuda::CUDAGuard> guard =
+      device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
+#endif
+  at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
+  const int64_t sent = compressed_reduce_scatter(*tensor_codec(codec_, device), *codec_, call, shard, transport);
+  if (majority_) shard.sign_();
+  output.copy_(shard.view(output.sizes()));
+  stats.add(sent, sent, (ranks - 1) * output.numel() * 4);
+  return completed_work(outputs);
 }
 
 }  // namespace gradzip

@@ -33,6 +33,8 @@
 // concurrently.
 #pragma once
 
+#include <set>
+
 #include "aggregate/exchange.h"
 #include "aggregate/stateful_aggregation.h"
 #include "gradzip/codec.h"
@@ -61,6 +63,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   c10::intrusive_ptr<c10d::Work> allreduce_pieces(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                   const std::vector<TensorPiece>& pieces) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(at::Tensor& output, at::Tensor& input,
+                                                const c10d::ReduceScatterOptions& opts,
+                                                const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                                const std::string& key) override;
 
  private:
   // How one call goes: exact, or compressed by an exchange; with two-phase, the chunk
@@ -78,6 +84,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,
                                      CompressedState& state, const Plan& plan);
+  // Why a reduce-scatter of `input` goes exact (empty: it is compressed). Reasons a user
+  // chose (min_numel, warmup, one rank) are not warned about: they start with "(".
+  std::string reduce_scatter_exact_reason(const at::Tensor& input, c10d::ReduceOp::RedOpType op, int ranks,
+                                          const CompressedState& state) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
 
@@ -92,6 +102,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // (its state must not absorb such a step), or when the codec could hide one. Without
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
+  std::set<std::string> said_exact_;  // reduce-scatter keys already logged as going exact
 };
 
 // The spec keys every compressed aggregation takes, besides its codec's.

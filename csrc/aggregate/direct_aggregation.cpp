@@ -19,6 +19,14 @@ void DirectAggregation::allreduce_pieces(const at::Tensor& tensor, const std::ve
   run_pieces(tensors, pieces, op, transport)->wait();
 }
 
+void DirectAggregation::reduce_scatter(at::Tensor output, at::Tensor input, const std::string& key,
+                                       const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+  c10d::ReduceScatterOptions opts;
+  opts.reduceOp = op;
+  worker_.drain();
+  aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)->wait();
+}
+
 c10::intrusive_ptr<c10d::Work> DirectAggregation::submit_pieces(const at::Tensor& tensor,
                                                                 const std::vector<TensorPiece>& pieces,
                                                                 const c10d::ReduceOp& op,

@@ -1,7 +1,7 @@
 // DirectAggregation: an Aggregation used directly, not through the gradzip backend — by
 // the DDP comm hook and the model-level API — over whatever transport the caller's
-// process group has, with byte counters of its own. allreduce() and allreduce_pieces()
-// return when the result is in place; submit_pieces() returns at once and runs on a
+// process group has, with byte counters of its own. allreduce(), allreduce_pieces() and
+// reduce_scatter() return when the result is in place; submit_pieces() returns at once and runs on a
 // worker thread (aggregate/ordered_worker.h), in submission order, after every call
 // submitted before it. The synchronous calls wait for submitted ones first.
 #pragma once
@@ -28,6 +28,10 @@ class DirectAggregation {
   // Reduces `tensor`, the concatenation of `pieces`, in place; each piece keeps its own state.
   void allreduce_pieces(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const c10d::ReduceOp& op,
                         const c10::intrusive_ptr<c10d::Backend>& transport);
+  // Reduces `input` (ranks × output.numel() elements) into this rank's `output` chunk;
+  // `key` names its state (FSDP: one key per module).
+  void reduce_scatter(at::Tensor output, at::Tensor input, const std::string& key, const c10d::ReduceOp& op,
+                      const c10::intrusive_ptr<c10d::Backend>& transport);
   // allreduce_pieces on the worker thread (one piece: the tensor as one key). CUDA
   // tensors run in the caller's thread, on its stream, and return a completed Work.
   c10::intrusive_ptr<c10d::Work> submit_pieces(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces,

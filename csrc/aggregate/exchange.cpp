@@ -99,6 +99,24 @@ at::Tensor alltoall_slots(const at::Tensor& slots, const ExchangeCall& call,
   return received.to(call.x.device());
 }
 
+// Chunk j of this rank's vector (with its part of the worker residual), encoded into a
+// slot of `stride` bytes, goes to rank j. Returns the P pieces of chunk `rank` this rank
+// received, slot r from rank r.
+at::Tensor scatter_chunks(const TensorCodec& codec, const ExchangeCall& call, int64_t stride,
+                          const c10::intrusive_ptr<c10d::Backend>& transport) {
+  const int ranks = transport->getSize();
+  const int64_t n = call.x.numel();
+  at::Tensor send = bytes_on(call.x.device(), ranks * stride, Buffer::kSend);
+  for (int j = 0; j < ranks; ++j) {
+    const Chunk c = exchange_chunk(n, ranks, j);
+    const at::Tensor residual =
+        call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
+    codec.encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j),
+                 send.narrow(0, j * stride, stride));
+  }
+  return alltoall_slots(send, call, transport);
+}
+
 }  // namespace
 
 const char* exchange_name(ExchangeScheme scheme) {
@@ -166,6 +184,11 @@ ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes,
           2 * others * slot_bytes(codec, largest_chunk(n, ranks))};
 }
 
+ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks) {
+  const int64_t others = ranks - 1;
+  return {ranks <= 1 ? 0 : others * (n * element_bytes / ranks), others * slot_bytes(codec, largest_chunk(n, ranks))};
+}
+
 ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
@@ -203,17 +226,7 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
   const int rank = transport->getRank();
   const int64_t n = call.x.numel();
   const int64_t stride = slot_bytes(host, largest_chunk(n, ranks));
-
-  // Phase 1: chunk j of this rank's vector goes to rank j.
-  at::Tensor send = bytes_on(call.x.device(), ranks * stride, Buffer::kSend);
-  for (int j = 0; j < ranks; ++j) {
-    const Chunk c = exchange_chunk(n, ranks, j);
-    const at::Tensor residual =
-        call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
-    codec.encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j),
-                 send.narrow(0, j * stride, stride));
-  }
-  const at::Tensor pieces = alltoall_slots(send, call, transport);
+  const at::Tensor pieces = scatter_chunks(codec, call, stride, transport);
 
   // This rank owns chunk `rank`: the sum of its P pieces, in rank order, re-encoded.
   const Chunk owned = exchange_chunk(n, ranks, rank);
@@ -248,6 +261,20 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
     }
   }
   return 2 * (ranks - 1) * stride;
+}
+
+int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                  at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport) {
+  const int ranks = transport->getSize();
+  const int64_t stride = slot_bytes(host, largest_chunk(call.x.numel(), ranks));
+  const at::Tensor pieces = scatter_chunks(codec, call, stride, transport);
+  shard.zero_();
+  try {
+    codec.decode_add(pieces, stride, ranks, shard, call.scale);
+  } catch (const SlotError& e) {
+    raise_for_slot(e, call.key, "the piece");
+  }
+  return (ranks - 1) * stride;
 }
 
 }  // namespace gradzip

@@ -10,6 +10,10 @@
 //   that encoding did not carry) and all-gathers; every rank decodes the P chunks.
 //   Sends 2·(P − 1)·c(n/P) bytes per rank: flat in P.
 // dense: the transport's own all-reduce, 2·(P − 1)/P·n·(element size) bytes per rank.
+// reduce-scatter: two-phase's first half; rank j ends with the sum of chunk j, decoded
+//   in rank order into fp32. Sends (P − 1)·c(n/P) bytes per rank, against the ring's
+//   (P − 1)/P·n·(element size). Any n and P: chunks differ by one element at most, no
+//   padding is sent.
 //
 // Payloads travel in slots of a size known from the codec and n (no size exchange):
 // a u64 length, the payload, zero padding to a multiple of 8 bytes. All ranks decode the
@@ -46,6 +50,14 @@ struct ExchangeCost {
   int64_t twophase;
 };
 ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks);
+
+// Bytes one rank sends for a reduce-scatter of n elements over `ranks` ranks: the
+// transport's ring, and the compressed exchange (slot framing included).
+struct ReduceScatterCost {
+  int64_t dense;
+  int64_t compressed;
+};
+ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks);
 
 // auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
 // sends fewer than the dense ring (ties go to dense, then one-shot). oneshot and
@@ -127,5 +139,12 @@ int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const Exc
                           const c10::intrusive_ptr<c10d::Backend>& transport);
 int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                            const c10::intrusive_ptr<c10d::Backend>& transport);
+
+// Writes scale × the sum over the ranks of chunk `rank` of x (exchange_chunk) into
+// `shard` (contiguous float32 of that length, on the codec's device) and returns the
+// bytes this rank sent. The owner_residual and majority fields are not used. A piece
+// that cannot be decoded raises on its owner only (no rank hears back from another).
+int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                  at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport);
 
 }  // namespace gradzip

@@ -41,7 +41,8 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
       cuda_(std::move(cuda_transport)),
       aggregation_(make_aggregation(spec)),
       options_(c10::make_intrusive<Options>("gradzip", timeout)),
-      identity_(std::make_unique<CallSequenceIdentity>()) {
+      identity_(std::make_unique<CallSequenceIdentity>()),
+      compress_reduce_scatter_(spec.spec().get_string("reduce_scatter", "exact") == "compressed") {
   TORCH_CHECK(cpu_, "gradzip: the backend needs a CPU transport");
   TORCH_CHECK(cpu_->getRank() == rank && cpu_->getSize() == size, "gradzip: the CPU transport is rank ",
               cpu_->getRank(), " of ", cpu_->getSize(), ", the backend rank ", rank, " of ", size);
@@ -110,33 +111,41 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::broadcast(std::vector<at::Tensor>
   return transport->broadcast(tensors, opts);
 }
 
+c10::intrusive_ptr<c10d::Work> GradzipBackend::aggregate(const char* op, std::vector<at::Tensor> tensors,
+                                                         const CollectiveCall& call, const at::Tensor& named,
+                                                         const Aggregate& run) {
+  std::string key = identity_->key(named);  // in call order
+  std::vector<std::string> expired = identity_->take_expired();
+  if (tensors.front().is_cuda()) {
+    verify(call);
+    aggregation_->forget(expired);
+    return run(key);
+  }
+  // Expired keys are forgotten in call order, after the last call that used them.
+  return worker_.submit(tensors, [this, op, call, key = std::move(key), expired = std::move(expired), run]() {
+    check_call(call);
+    aggregation_->forget(expired);
+    try {
+      run(key)->wait();
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, "gradzip: ", op, " of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
+                  getSize(), ": ", e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, "gradzip: ", op, " of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
+                  getSize(), ": ", e.what());
+    }
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                   const c10d::AllreduceOptions& opts) {
   const auto& transport = transport_for(tensors, "all_reduce");
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
-  std::string key = identity_->key(tensors.front());  // in call order
-  std::vector<std::string> expired = identity_->take_expired();
-  if (tensors.front().is_cuda()) {
-    verify(call);
-    aggregation_->forget(expired);
-    return aggregation_->allreduce(tensors, opts, transport, stats_, key);
-  }
-  // Expired keys are forgotten in call order, after the last call that used them.
-  return worker_.submit(tensors, [this, tensors, opts, call, key = std::move(key), expired = std::move(expired),
-                                  transport]() mutable {
-    check_call(call);
-    aggregation_->forget(expired);
-    try {
-      aggregation_->allreduce(tensors, opts, transport, stats_, key)->wait();
-    } catch (const c10::Error& e) {
-      TORCH_CHECK(false, "gradzip: all_reduce of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
-                  getSize(), ": ", e.what_without_backtrace());
-    } catch (const std::exception& e) {
-      TORCH_CHECK(false, "gradzip: all_reduce of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
-                  getSize(), ": ", e.what());
-    }
-  });
+  return aggregate("all_reduce", tensors, call, tensors.front(),
+                   [this, tensors, opts, transport](const std::string& key) mutable {
+                     return aggregation_->allreduce(tensors, opts, transport, stats_, key);
+                   });
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -234,8 +243,14 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::_reduce_scatter_base(at::Tensor& 
   const auto& transport = transport_for(output, "reduce_scatter_tensor");
   auto call = CollectiveCall::of("reduce_scatter_tensor", {output});
   call.reduce_op = opts.reduceOp.op_;
-  verify(call);
-  return transport->_reduce_scatter_base(output, input, opts);
+  if (!compress_reduce_scatter_) {
+    verify(call);
+    return transport->_reduce_scatter_base(output, input, opts);
+  }
+  return aggregate("reduce_scatter_tensor", {output}, call, input,
+                   [this, output, input, opts, transport](const std::string& key) mutable {
+                     return aggregation_->reduce_scatter(output, input, opts, transport, stats_, key);
+                   });
 }
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::reduce_scatter_tensor_coalesced(

@@ -1,6 +1,7 @@
 // GradzipBackend: the implementation of gradzip::Backend (gradzip/backend.h).
 //
-// all_reduce runs the configured Aggregation: for CPU tensors on the group's worker
+// all_reduce runs the configured Aggregation (and so does reduce_scatter_tensor, when
+// the spec says reduce_scatter=compressed): for CPU tensors on the group's worker
 // thread (aggregate/ordered_worker.h), so that the call returns at once and DDP goes
 // on with its backward pass; CUDA tensors in the caller's thread, on its stream. Every
 // other call first waits for the queued all-reduces, so no transport call overtakes
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -112,6 +114,12 @@ class GradzipBackend final : public Backend {
   // Waits for queued all-reduces, then checks the call across ranks (when validating).
   void verify(const CollectiveCall& call);
   void check_call(const CollectiveCall& call);
+  // Runs `run` (an aggregation's call) under the key the call sequence gives `named`:
+  // CUDA tensors now, on the current stream; CPU tensors on the worker, in call order,
+  // with errors naming `op`, the key and this rank. The Work's future holds `tensors`.
+  using Aggregate = std::function<c10::intrusive_ptr<c10d::Work>(const std::string& key)>;
+  c10::intrusive_ptr<c10d::Work> aggregate(const char* op, std::vector<at::Tensor> tensors,
+                                           const CollectiveCall& call, const at::Tensor& named, const Aggregate& run);
 
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
@@ -120,6 +128,7 @@ class GradzipBackend final : public Backend {
   c10::intrusive_ptr<Options> options_;
   Stats stats_;
   std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets
+  bool compress_reduce_scatter_;                    // the spec's reduce_scatter=compressed
   std::atomic<bool> closed_{false};
   OrderedWorker worker_;  // last: its jobs use the members above until it is gone
 };

@@ -1,5 +1,6 @@
 // gradzip._C.Aggregation: the engine behind the DDP hook and the model-level API.
 #include <pybind11/stl.h>
+#include <torch/csrc/Exceptions.h>
 
 #include "aggregate/direct_aggregation.h"
 #include "aggregate/exchange.h"
@@ -58,6 +59,17 @@ void bind_aggregation(py::module_& m) {
       .def("allreduce", &DirectAggregation::allreduce, py::arg("tensor"), py::arg("key"), py::arg("op"),
            py::arg("transport"), py::call_guard<py::gil_scoped_release>(),
            "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
+      .def(
+          "reduce_scatter",
+          [](DirectAggregation& a, const at::Tensor& output, const at::Tensor& input, const std::string& key,
+             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+            torch::PyWarningHandler warnings;  // a tensor that goes exact says so as a Python warning
+            py::gil_scoped_release no_gil;
+            a.reduce_scatter(output, input, key, op, transport);
+          },
+          py::arg("output"), py::arg("input"), py::arg("key"), py::arg("op"), py::arg("transport"),
+          "Reduces `input` (ranks x output.numel() elements) over `transport` into this rank's chunk, "
+           "`output`; `key` names its state. Returns when done.")
       .def(
           "allreduce_pieces",
           [](DirectAggregation& a, const at::Tensor& tensor, const NamedPieces& pieces, const c10d::ReduceOp& op,

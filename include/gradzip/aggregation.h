@@ -55,6 +55,15 @@ class Aggregation {
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
       const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::vector<TensorPiece>& pieces);
 
+  // Reduces `input` (P × output.numel() elements, P the ranks of `transport`; the dtype
+  // and device of `output`) across every rank with opts.reduceOp; rank r's `output` gets
+  // elements [r·m, (r + 1)·m) of the result, m = output.numel(). `key` names the state, as
+  // for allreduce(); every rank passes the same key. The default is the transport's exact
+  // reduce-scatter; compressed aggregations compress it (aggregate/compressed_allreduce.h).
+  virtual c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key);
+
   // The state as named tensors, "<key>/<field>" (fields: residual, calls, step,
   // public_copy_<rank>), on the CPU; load_state_dict() restores it exactly.
   virtual std::map<std::string, at::Tensor> state_dict() const { return {}; }

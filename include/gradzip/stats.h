@@ -1,5 +1,6 @@
-// Byte accounting of one process group: what its all-reduces put on the wire,
-// and what a dense fp32 all-reduce of the same tensors would have sent.
+// Byte accounting of one process group: what its all-reduces and reduce-scatters put on
+// the wire,
+// and what a dense fp32 ring of the same tensors would have sent.
 #pragma once
 
 #include <atomic>
@@ -8,10 +9,10 @@
 namespace gradzip {
 
 struct StatsSnapshot {
-  int64_t calls = 0;           // all_reduce calls
+  int64_t calls = 0;           // all_reduce and reduce_scatter calls
   int64_t bytes_sent = 0;      // bytes this rank sent
   int64_t bytes_received = 0;  // bytes this rank received
-  int64_t dense_bytes = 0;     // bytes this rank would send with a dense fp32 ring all-reduce
+  int64_t dense_bytes = 0;     // bytes this rank would send with a dense fp32 ring
 };
 
 // Thread-safe counters; every aggregation adds to the Stats of its process group.

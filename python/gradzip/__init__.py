@@ -18,7 +18,7 @@ from .launch import init_process_group, launch_environment
 from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, stats
-from . import codec, hooks
+from . import codec, diloco, fsdp, hooks
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
 from .codec import PayloadError
@@ -40,6 +40,6 @@ register()
 
 __all__ = [
     "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
-    "cuda_architectures", "cuda_built", "exchange_plan", "hooks", "init_process_group", "launch_environment", "register",
+    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "register",
     "reset_stats", "stats",
 ]

@@ -35,11 +35,12 @@ class Aggregation:
         self._aggregation = _C.Aggregation(self.spec)
         self.decentralized = self.spec.decentralized
 
-    def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor]], op: str = "avg",
+    def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor], dict], op: str = "avg",
                  mode: Optional[str] = None, buffers: bool = False):
         """Reduces in place and returns `target`.
 
-        target: a module, a tensor, or a list of tensors (keyed by position).
+        target: a module, a tensor, a list of tensors (keyed by position) or a dict of
+            tensors (keyed by name).
         op: "avg", "sum", "min" or "max".
         mode: for a module, "grad" (each parameter's .grad; None skipped) or "model"
             (the parameters themselves). Default: "model" for gossip and choco, else "grad".
@@ -57,6 +58,8 @@ class Aggregation:
                 named += [(f"buffer:{name}", b) for name, b in target.named_buffers() if b.is_floating_point()]
         elif isinstance(target, torch.Tensor):
             named = [("tensor", target)]
+        elif isinstance(target, dict):
+            named = [(f"tensor:{name}", t) for name, t in target.items()]
         else:
             named = [(f"tensor:{i}", t) for i, t in enumerate(target)]
         for key, tensor in named:

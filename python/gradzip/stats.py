@@ -1,10 +1,11 @@
 """Byte accounting per gradzip process group.
 
-stats(group) returns, for the all_reduce calls of that group since the last reset:
-    calls           number of all_reduce calls
+stats(group) returns, for the all_reduce calls of that group since the last reset (and
+its reduce_scatter_tensor calls, when its spec has reduce_scatter=compressed):
+    calls           number of those calls
     bytes_sent      bytes this rank sent
     bytes_received  bytes this rank received
-    dense_bytes     bytes this rank would have sent with a dense fp32 ring all-reduce
+    dense_bytes     bytes this rank would have sent with a dense fp32 ring
 The exact aggregation ("allreduce") counts what a ring all-reduce of the tensor sends,
 2·(P−1)/P of its bytes: the transport's own algorithm is not observable from gradzip.
 """

@@ -1,0 +1,97 @@
+"""Compressed gradients for FSDP2 (`torch.distributed.fsdp.fully_shard`).
+
+    model = ...; fully_shard(layer) for each layer; fully_shard(model)
+    state = gradzip.fsdp.compress(model, "qsgd:bits=4")
+
+FSDP2 reduce-scatters each FSDP module's gradients in one flat tensor. compress() sets
+every FSDP module's custom reduce-scatter to gradzip's compressed one: each rank encodes
+its (error-compensated) input as P chunks, the chunks go all-to-all, and each rank decodes
+the P pieces of its own shard in rank order into fp32 (docs/spec.md, "Reduce-scatter").
+Any element count, any world size; error feedback is kept per FSDP module (the module's
+name is its key), so it follows the module's gradients from step to step and through
+state_dict() / load_state_dict(). A reduce-scatter that goes exact (a dtype or op the
+codec does not take, or one that compression would not shrink) warns once, naming why.
+
+The reduce-scatter runs over the group FSDP passes (its mesh's), or over `process_group`
+when given (the same ranks); gloo, nccl and gradzip groups all work.
+"""
+import torch
+import torch.distributed as dist
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+
+from ._extension import _C
+from ._transport import transport_of
+from .options import Spec, bind_spec
+
+
+class State:
+    """The compressed reduce-scatter's state, shared by the FSDP modules of one model.
+
+    spec: the aggregation spec, e.g. "qsgd:bits=4", "stc:density=0.01" (docs/spec.md).
+    process_group: the group to reduce over (default None: the group FSDP passes).
+    """
+
+    def __init__(self, spec, process_group=None):
+        bound = bind_spec(spec)
+        if bound.decentralized:
+            raise ValueError(f"gradzip.fsdp: {bound.name!r} is decentralized gossip, not a reduce-scatter; "
+                             "FSDP needs every rank's shard of the global gradient")
+        self.spec: Spec = bound
+        self.process_group = process_group
+        self._aggregation = _C.Aggregation(bound)
+
+    def stats(self) -> dict:
+        """Bytes the reduce-scatters sent since the last reset_stats() ("dense_bytes": a dense fp32 ring's)."""
+        return self._aggregation.stats()
+
+    def reset_stats(self) -> None:
+        self._aggregation.reset_stats()
+
+    def state_dict(self) -> dict:
+        """The spec's text and the error feedback as named tensors ("<module>/<field>")."""
+        return {"spec": str(self.spec), "state": self._aggregation.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if bind_spec(state["spec"]) != self.spec:
+            raise ValueError(f"gradzip.fsdp: the saved state is for {state['spec']!r}, this State runs "
+                             f"{str(self.spec)!r}")
+        self._aggregation.load_state_dict(state["state"])
+
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group) -> None:
+        """Reduces `input` (group size × output.numel() elements) into this rank's `output`."""
+        group = self.process_group if self.process_group is not None else group
+        self._aggregation.reduce_scatter(output, input, key, op, transport_of(group, input.device))
+
+
+class CompressedReduceScatter(ReduceScatter):
+    """FSDP2's ReduceScatter for one FSDP module, through a State under `key`."""
+
+    def __init__(self, state: State, key: str):
+        self.state = state
+        self.key = key
+
+    def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: dist.ProcessGroup, op,
+                 async_op: bool = False):
+        if self.state.process_group is not None and self.state.process_group.size() != group.size():
+            raise ValueError(f"gradzip.fsdp: process_group has {self.state.process_group.size()} ranks, FSDP's "
+                             f"reduce-scatter group {group.size()}; they must be the same ranks")
+        self.state.reduce_scatter(output_tensor, input_tensor, self.key, op, group)
+        return None
+
+
+def compress(module: torch.nn.Module, spec, process_group=None) -> State:
+    """Sets the compressed reduce-scatter on every FSDP module of `module` (after
+    fully_shard) and returns its State (stats, state_dict, load_state_dict)."""
+    state = spec if isinstance(spec, State) else State(spec, process_group)
+    found = 0
+    for name, sub in module.named_modules():
+        if isinstance(sub, FSDPModule):
+            sub.set_custom_reduce_scatter(CompressedReduceScatter(state, name or "(root)"))
+            found += 1
+    if not found:
+        raise ValueError("gradzip.fsdp.compress: the module holds no FSDP module; call fully_shard() on it first")
+    return state
