@@ -224,7 +224,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const int ranks = transport->getSize();
   const at::Device device = residual_device(tensor);
   ExchangeCall call;
-  call.x = tensor.detach().to(device, at::kFloat).contiguous();
+  call.x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();  // the exchanges cut it in chunks
   lock.unlock();
   if (agree_on_finiteness_ && !finite_on_every_rank(call.x, transport, tensor.device())) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());

@@ -217,3 +217,24 @@ def test_the_backend_sends_what_auto_planned(world):
     for stats, x in outs:
         assert stats["bytes_sent"] == plan[plan["choice"]]
         assert torch.equal(x, outs[0][1])
+
+
+def shaped_reduce(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    results = {}
+    for exchange in ("oneshot", "twophase"):
+        agg = gradzip.Aggregation(f"qsgd:bits=8,bucket=64,exchange={exchange}")
+        x = inputs(rank, 0, 5 * 7 * 3).reshape(5, 7, 3)
+        results[exchange] = agg(x.clone(), op="sum")
+    return results
+
+
+def test_tensors_of_any_shape_in_both_exchanges():
+    world = 3
+    exact = sum(inputs(r, 0, 5 * 7 * 3).double() for r in range(world)).reshape(5, 7, 3)
+    for results in run_ranks(shaped_reduce, world):
+        for exchange, got in results.items():
+            assert got.shape == (5, 7, 3)
+            err = (got.double() - exact).abs().max() / exact.abs().max()
+            assert err < TOLERANCE["qsgd:bits=8,bucket=64"], (exchange, err)
