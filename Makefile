@@ -32,7 +32,7 @@ test-cpp: build
 	ctest --test-dir build --output-on-failure --no-tests=error
 
 test-python: build
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q --durations=15 tests/python
 
 # The C++ tests and a multi-rank Python set under AddressSanitizer + UBSan (build-sanitize/).
 sanitize: build

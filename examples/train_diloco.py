@@ -1,7 +1,7 @@
 """Trains a small CNN on Fashion-MNIST with DiLoCo: local AdamW steps, then a compressed
 outer step (gradzip.diloco).
 
-    torchrun --standalone --nproc-per-node 4 examples/train_diloco.py --spec qsgd:bits=4,ef=1
+    torchrun --standalone --nproc-per-node 4 examples/train_diloco.py --spec qsgd:bits=4,norm=max,ef=1
     torchrun --standalone --nproc-per-node 4 examples/train_diloco.py --spec allreduce   # uncompressed
 
 Each rank trains its own replica on its shard for --local-steps steps with no
@@ -33,7 +33,7 @@ def main():
     parser.add_argument("--outer-lr", type=float, default=0.7)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short (smoke tests)")
-    parser.add_argument("--spec", default="qsgd:bits=4,ef=1", help="outer aggregation spec (allreduce: exact)")
+    parser.add_argument("--spec", default="qsgd:bits=4,norm=max,ef=1", help="outer aggregation spec (allreduce: exact)")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))

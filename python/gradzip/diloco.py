@@ -1,6 +1,6 @@
 """DiLoCo: local steps, then a compressed outer step (Douillard et al., 2023).
 
-    outer = gradzip.diloco.DiLoCo(model, "qsgd:bits=4,ef=1", local_steps=20)
+    outer = gradzip.diloco.DiLoCo(model, "qsgd:bits=4,norm=max,ef=1", local_steps=20)
     for batch in data:
         loss(model, batch).backward(); inner.step(); inner.zero_grad()
         outer.step()          # every local_steps calls: the outer step
@@ -29,7 +29,7 @@ class DiLoCo:
 
     model: this rank's replica (no DDP); its parameters must start equal on every rank.
     spec: how pseudo-gradients are averaged (default "allreduce": exact), e.g.
-        "qsgd:bits=4,ef=1", "qsgd:bits=8", "stc:density=0.01", "sign" (docs/spec.md).
+        "qsgd:bits=4,norm=max,ef=1", "qsgd:bits=8", "sign" (docs/spec.md, "DiLoCo").
     local_steps: inner steps between outer steps, H (default 20).
     outer_lr: the outer step's learning rate (default 0.7, DiLoCo's).
     outer_momentum: its Nesterov momentum (default 0.9).

@@ -61,7 +61,7 @@ def diloco_checks(rank, world):
     exact = [p.detach().clone() for p in model.parameters()]
 
     # Compressed with error feedback: resume after round 2 is bit-exact.
-    spec = "qsgd:bits=4,ef=1"
+    spec = "qsgd:bits=4,norm=max,ef=1"
     model = make_model()
     inner = torch.optim.SGD(model.parameters(), lr=INNER_LR, momentum=0.5)
     outer = gradzip.diloco.DiLoCo(model, spec, local_steps=H)
