@@ -262,17 +262,18 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   return completed_work(tensors);
 }
 
-std::string CompressedAllreduce::reduce_scatter_exact_reason(const at::Tensor& input, c10d::ReduceOp::RedOpType op,
-                                                             int ranks, const CompressedState& state) const {
-  if (!compressible(input)) return "its dtype is " + std::string(c10::toString(input.scalar_type()));
+CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const at::Tensor& input,
+                                                                        c10d::ReduceOp::RedOpType op, int ranks,
+                                                                        const CompressedState& state) const {
+  if (!compressible(input)) return {true, "its dtype is " + std::string(c10::toString(input.scalar_type()))};
   if (op != c10d::ReduceOp::SUM && op != c10d::ReduceOp::AVG) {
-    return "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG";
+    return {true, "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG"};
   }
-  if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return "(one rank, min_numel or warmup)";
+  if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return {true, ""};
   const ReduceScatterCost cost = reduce_scatter_cost(*codec_, input.numel(), input.element_size(), ranks);
   if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
-    return "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
-           std::to_string(cost.dense);
+    return {true, "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
+                      std::to_string(cost.dense)};
   }
   return {};
 }
@@ -286,12 +287,12 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   const int64_t n = input.numel();
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
-  const std::string exact_because = reduce_scatter_exact_reason(input, opts.reduceOp.op_, ranks, state);
-  if (!exact_because.empty()) {
+  const ExactPlan exact = reduce_scatter_exact(input, opts.reduceOp.op_, ranks, state);
+  if (exact.exact) {
     ++state.calls;
-    if (exact_because.front() != '(' && said_exact_.insert(key).second) {
+    if (!exact.warning.empty() && said_exact_.insert(key).second) {
       TORCH_WARN("gradzip: the reduce-scatter of the tensor keyed '", key, "' goes exact (", codec_->name(),
-                 " not used): ", exact_because);
+                 " not used): ", exact.warning);
     }
     lock.unlock();
     return exact_reduce_scatter(output, input, opts, transport, stats);

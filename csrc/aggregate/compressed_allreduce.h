@@ -84,10 +84,14 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,
                                      CompressedState& state, const Plan& plan);
-  // Why a reduce-scatter of `input` goes exact (empty: it is compressed). Reasons a user
-  // chose (min_numel, warmup, one rank) are not warned about: they start with "(".
-  std::string reduce_scatter_exact_reason(const at::Tensor& input, c10d::ReduceOp::RedOpType op, int ranks,
-                                          const CompressedState& state) const;
+  // Whether a reduce-scatter of `input` goes exact, and why when the user did not ask
+  // for it (min_numel, warmup and one rank go exact without a warning).
+  struct ExactPlan {
+    bool exact = false;
+    std::string warning;
+  };
+  ExactPlan reduce_scatter_exact(const at::Tensor& input, c10d::ReduceOp::RedOpType op, int ranks,
+                                 const CompressedState& state) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
 
