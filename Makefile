@@ -39,7 +39,7 @@ sanitize: build
 	scripts/sanitize.sh
 
 # Every codec's decoder under libFuzzer, FUZZ_SECONDS each (campaigns: make fuzz FUZZ_SECONDS=3600).
-FUZZ_SECONDS ?= 15
+FUZZ_SECONDS ?= 10
 fuzz: deps
 	tests/fuzz/fuzz.sh $(FUZZ_SECONDS)
 

@@ -113,6 +113,16 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {}
 
+void CompressedAllreduce::take_step(CompressedState& state, const std::string& key, c10d::ReduceOp::RedOpType op,
+                                    const c10d::Backend& transport, ExchangeCall& call) const {
+  ++state.calls;
+  if (error_feedback_) call.worker_residual = residual_on(state, call.x.device(), call.x.numel(), key);
+  call.ctx = {seed_, state.step++, static_cast<uint32_t>(transport.getRank())};
+  call.majority = majority_;
+  if (!majority_ && op == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(transport.getSize());
+  call.key = &key;
+}
+
 at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
 #ifdef GRADZIP_WITH_CUDA
   if (tensor.is_cuda() && cuda::has_device_half(codec_->id())) return tensor.device();
@@ -231,17 +241,9 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
     return completed_work(tensors);
   }
   lock.lock();
-  ++state.calls;
-  if (error_feedback_) {
-    call.worker_residual = residual_on(state, device, n, key);
-    if (how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
-  }
-  call.ctx = {seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  call.majority = majority_;
-  if (!majority_ && opts.reduceOp.op_ == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(ranks);
-  call.key = &key;
+  take_step(state, key, opts.reduceOp.op_, *transport, call);
+  if (error_feedback_ && how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
-  ++state.step;
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA
@@ -307,13 +309,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
     return completed_work(outputs);
   }
   lock.lock();
-  ++state.calls;
-  if (error_feedback_) call.worker_residual = residual_on(state, device, n, key);
-  call.ctx = {seed_, state.step, static_cast<uint32_t>(transport->getRank())};
-  if (!majority_ && opts.reduceOp.op_ == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(ranks);
-  call.key = &key;
+  take_step(state, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
-  ++state.step;
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA

@@ -92,6 +92,11 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   };
   ExactPlan reduce_scatter_exact(const at::Tensor& input, c10d::ReduceOp::RedOpType op, int ranks,
                                  const CompressedState& state) const;
+  // Counts one compressed call of `state` (mutex_ held) and fills `call` (its x set) for
+  // it: the worker residual with error feedback, the step's seed context, the scale
+  // and the vote, the key.
+  void take_step(CompressedState& state, const std::string& key, c10d::ReduceOp::RedOpType op,
+                 const c10d::Backend& transport, ExchangeCall& call) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
 
