@@ -71,7 +71,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "the gradzip backend's reduce_scatter_tensor (FSDP's gradients): exact, or compressed "
                           "with this codec and error feedback like all_reduce"),
           SpecKey::integer("min_numel", "0", 0, 9.2e18, "tensors with fewer elements go exact"),
-          SpecKey::integer("warmup", "0", 0, 9.2e18, "the first warmup all-reduces of each tensor go exact"),
+          SpecKey::integer("warmup", "0", 0, 9.2e18, "the first warmup calls of each tensor (all-reduces, reduce-scatters) go exact"),
           SpecKey::integer("seed", "0", 0, 9.2e18,
                            "seeds random-k's choice and QSGD's stochastic rounding (with the step and the rank)")};
 }

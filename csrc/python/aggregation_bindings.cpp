@@ -64,8 +64,13 @@ void bind_aggregation(py::module_& m) {
           [](DirectAggregation& a, const at::Tensor& output, const at::Tensor& input, const std::string& key,
              const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
             torch::PyWarningHandler warnings;  // a tensor that goes exact says so as a Python warning
-            py::gil_scoped_release no_gil;
-            a.reduce_scatter(output, input, key, op, transport);
+            try {
+              py::gil_scoped_release no_gil;
+              a.reduce_scatter(output, input, key, op, transport);
+            } catch (...) {
+              warnings.set_in_exception();  // the exception, not a warning turned error, reaches Python
+              throw;
+            }
           },
           py::arg("output"), py::arg("input"), py::arg("key"), py::arg("op"), py::arg("transport"),
           "Reduces `input` (ranks x output.numel() elements) over `transport` into this rank's chunk, "

@@ -12,7 +12,8 @@ has it; keyed by parameter name), and an outer SGD step with Nesterov momentum m
 θ_start along the average. All ranks end the outer step with bitwise-identical
 parameters. Floating buffers (BatchNorm statistics) are averaged exactly at each outer
 step. When the averaged pseudo-gradient holds Inf or NaN (a rank diverged), the outer
-step is skipped: every rank goes back to θ_start and the outer momentum is unchanged.
+step is skipped: every rank's parameters go back to θ_start, the outer momentum is
+unchanged and the buffers are not averaged (each rank keeps its own).
 
 state_dict() holds what a resumed job needs besides the model and the inner optimizer:
 θ_start, the outer optimizer, the step counter and the aggregation's error feedback.
@@ -66,9 +67,9 @@ class DiLoCo:
         """Averages the pseudo-gradients and steps θ_start; False when skipped (non-finite)."""
         deltas = {name: start - p for (name, p), start in zip(self._params, self._start)}
         self.aggregation(deltas, op="avg")
-        if self._buffers:
-            self._exact(self._buffers, op="avg")
         finite = all(bool(torch.isfinite(d).all()) for d in deltas.values())
+        if finite and self._buffers:
+            self._exact(self._buffers, op="avg")
         inner_grads = [p.grad for _, p in self._params]
         for (name, p), start in zip(self._params, self._start):
             p.copy_(start)
@@ -94,6 +95,9 @@ class DiLoCo:
                 "outer_optimizer": self.outer_optimizer.state_dict(), "aggregation": self.aggregation.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        if state["spec"] != str(self.aggregation.spec):
+            raise ValueError(f"gradzip.diloco: the saved state is for {state['spec']!r}, this DiLoCo runs "
+                             f"{str(self.aggregation.spec)!r}")
         names = [name for name, _ in self._params]
         if sorted(state["start"]) != sorted(names):
             raise ValueError("gradzip.diloco: the saved state is for a model with other parameters")

@@ -7,9 +7,11 @@ FSDP2 reduce-scatters each FSDP module's gradients in one flat tensor. compress(
 every FSDP module's custom reduce-scatter to gradzip's compressed one: each rank encodes
 its (error-compensated) input as P chunks, the chunks go all-to-all, and each rank decodes
 the P pieces of its own shard in rank order into fp32 (docs/spec.md, "Reduce-scatter").
-Any element count, any world size; error feedback is kept per FSDP module (the module's
-name is its key), so it follows the module's gradients from step to step and through
-state_dict() / load_state_dict(). A reduce-scatter that goes exact (a dtype or op the
+Any element count, any world size; error feedback is kept per FSDP module and input size
+(key "<module name>:<numel>": FSDP leaves parameters without a gradient out), so it
+follows the module's gradients from step to step and through state_dict() /
+load_state_dict(). The spec's reduce_scatter key concerns the gradzip backend only: here
+the reduce-scatter is always the spec's. A reduce-scatter that goes exact (a dtype or op the
 codec does not take, or one that compression would not shrink) warns once, naming why.
 
 The reduce-scatter runs over the group FSDP passes (its mesh's), or over `process_group`
@@ -79,7 +81,9 @@ class CompressedReduceScatter(ReduceScatter):
         if self.state.process_group is not None and self.state.process_group.size() != group.size():
             raise ValueError(f"gradzip.fsdp: process_group has {self.state.process_group.size()} ranks, FSDP's "
                              f"reduce-scatter group {group.size()}; they must be the same ranks")
-        self.state.reduce_scatter(output_tensor, input_tensor, self.key, op, group)
+        # FSDP leaves parameters without a gradient out of the input: each size the module's
+        # input takes keeps its own error feedback.
+        self.state.reduce_scatter(output_tensor, input_tensor, f"{self.key}:{input_tensor.numel()}", op, group)
         return None
 
 

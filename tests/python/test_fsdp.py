@@ -56,7 +56,7 @@ def reduce_scatter_checks(rank, world):
                 gathered = [torch.zeros_like(kept) for _ in range(world)]
                 dist.all_gather(gathered, kept)
                 owed = shard_of(sum(gathered)[0] / world, rank, world)
-                errors.append(float((out_sum + owed - exact_sum).abs().max() / exact_sum.abs().max()) * 1e-3)
+                errors.append(float((out_sum + owed - exact_sum).abs().max() / exact_sum.abs().max()))
             found[(spec, m)] = (errors, state.stats())
     return found
 
@@ -98,7 +98,7 @@ def test_reduce_scatter_every_codec_at_three_ranks():
             codec = spec.replace(",exchange=twophase", "").replace(":exchange=twophase", "")
             limit = 0.0 if codec == "sign:vote=majority" else TOLERANCE.get(codec, 3.0)
             assert max(errors[:3]) <= limit, (spec, m, errors)
-            assert all(e < 1e-8 for e in errors[3:]), (spec, m, "error feedback lost mass", errors)
+            assert all(e < 1e-5 for e in errors[3:]), (spec, m, "error feedback lost mass", errors)
             assert stats["calls"] == 3
             if m == 333 and not spec.startswith("identity"):
                 assert stats["bytes_sent"] < stats["dense_bytes"], (spec, stats)
@@ -217,3 +217,47 @@ def test_fsdp_compress_refuses_what_it_cannot_do():
         gradzip.fsdp.compress(torch.nn.Linear(2, 2), "qsgd")
     with pytest.raises(ValueError, match="saved state is for"):
         gradzip.fsdp.State("qsgd").load_state_dict(gradzip.fsdp.State("stc").state_dict())
+
+
+class Sometimes(torch.nn.Module):
+    """A layer used only on some steps: FSDP leaves its gradient out of the others'."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(13, 29)
+        self.b = torch.nn.Linear(29, 3)
+        self.skip = torch.nn.Linear(29, 3)
+
+    def forward(self, x, use_skip):
+        h = torch.tanh(self.a(x))
+        return self.b(h) + self.skip(h) if use_skip else self.b(h)
+
+
+def mixed_precision_and_unused(rank, world):
+    import gradzip
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = Sometimes()
+    fully_shard(model, mesh=init_device_mesh("cpu", (world,)),
+                mp_policy=MixedPrecisionPolicy(reduce_dtype=torch.bfloat16))
+    state = gradzip.fsdp.compress(model, "qsgd:bits=8,ef=1")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(12):
+        x, y = batch(rank, step)
+        loss = torch.nn.functional.mse_loss(model(x, step % 3 == 0), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    keys = sorted({name.rsplit("/", 1)[0] for name in state.state_dict()["state"]})
+    return losses, keys, state.stats()
+
+
+def test_fsdp2_bf16_reduce_dtype_and_unused_parameters():
+    for losses, keys, stats in run_ranks(mixed_precision_and_unused, 2):
+        assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
+        assert len(keys) == 2, keys  # with and without the unused layer's gradient: a state each
+        assert stats["calls"] == 12 and stats["bytes_sent"] < stats["dense_bytes"], stats
