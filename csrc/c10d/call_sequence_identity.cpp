@@ -24,8 +24,9 @@ bool CallSequenceIdentity::repeats_without_first(const Signature& signature) con
   return true;
 }
 
-void CallSequenceIdentity::start_step() {
+void CallSequenceIdentity::start_step(const void* data) {
   counts_.clear();
+  step_data_ = data;
   ++step_;
   for (auto it = named_in_.begin(); it != named_in_.end();) {
     if (it->second < step_ - 2) {
@@ -44,16 +45,18 @@ std::vector<std::string> CallSequenceIdentity::take_expired() {
 
 std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
   const Signature signature{static_cast<int>(tensor.scalar_type()), tensor.numel()};
+  const void* data = tensor.data_ptr();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!started_) {
     started_ = true;
     first_ = signature;
-  } else if (signature == first_ && (previous_ != first_ || !seen_other_)) {
-    start_step();
+    step_data_ = data;
+  } else if (signature == first_ && (previous_ != first_ || !seen_other_ || data == step_data_)) {
+    start_step(data);
   } else if (signature != first_ && counts_.count(signature) && repeats_without_first(signature)) {
     first_ = signature;  // the first step's sequence is gone: name the repeating one from here
     seen_other_ = false;
-    start_step();
+    start_step(data);
   }
   if (history_.size() == kHistory) history_.erase(history_.begin(), history_.begin() + kHistory / 2);
   history_.push_back(signature);

@@ -7,7 +7,12 @@
 // the current step: "float:1000:0", "float:1000:1", ... A step starts at the first
 // call and again at every call whose dtype and count equal those of the group's
 // first call, when the call before it had another dtype or count, or no other dtype
-// and count has been seen yet (a loop over one tensor).
+// and count has been seen yet (a loop over one tensor), or it is the very tensor (the
+// same data pointer) that started the current step: a loop over one tensor with other
+// all-reduces now and then (a DDP model of one bucket, whose buffer DDP keeps, with a
+// metric all-reduced after each epoch). Two tensors of the first call's size in one
+// step are told apart only while both are alive: a tensor freed and another allocated
+// at its address is taken for a new step.
 //
 // The first step may differ from the rest: DDP rebuilds its buckets after its first
 // iteration, so the group's first signature may never come back. When it has not come
@@ -55,8 +60,9 @@ class CallSequenceIdentity {
   bool started_ = false;
   bool seen_other_ = false;
   Signature first_{}, previous_{};
+  const void* step_data_ = nullptr;  // the data pointer of the call that started this step
   std::map<Signature, int64_t> counts_;  // calls per signature in the current step
-  void start_step();
+  void start_step(const void* data);
   int64_t step_ = 0;                         // steps started so far
   std::map<std::string, int64_t> named_in_;  // each live key's latest step
   std::vector<std::string> expired_;

@@ -29,6 +29,31 @@ TEST(CallSequenceIdentityTest, OneTensorInALoop) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(keys(identity, {7}), std::vector<std::string>{"Float:7:0"});
 }
 
+// A DDP model of one bucket: the same buffer every step, and now and then other
+// all-reduces (a metric after each epoch). Every step names the buffer alike.
+TEST(CallSequenceIdentityTest, OneTensorInALoopWithOtherCallsNowAndThen) {
+  CallSequenceIdentity identity;
+  const at::Tensor bucket = at::empty({7});
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int i = 0; i < 5; ++i) EXPECT_EQ(identity.key(bucket), "Float:7:0") << epoch << " " << i;
+    keys(identity, {2, 3});
+  }
+  for (const auto& key : identity.take_expired()) EXPECT_NE(key, "Float:7:0");
+}
+
+// Live tensors of the first call's size inside a step that holds others too: told apart
+// once the first step has shown that the step holds other sizes.
+TEST(CallSequenceIdentityTest, TensorsOfTheFirstSizeInsideAStep) {
+  CallSequenceIdentity identity;
+  const at::Tensor a = at::empty({7}), b = at::empty({7}), c = at::empty({9});
+  for (const auto* t : {&a, &b, &c}) identity.key(*t);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(identity.key(a), "Float:7:0");
+    EXPECT_EQ(identity.key(b), "Float:7:1");
+    EXPECT_EQ(identity.key(c), "Float:9:0");
+  }
+}
+
 TEST(CallSequenceIdentityTest, RepeatedSizesInsideAStep) {
   CallSequenceIdentity identity;
   const std::vector<int64_t> step = {5, 6, 7, 6, 8};
