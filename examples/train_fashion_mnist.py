@@ -43,7 +43,10 @@ def main():
     test_x, test_y = load("test")
     torch.manual_seed(args.seed)
     model = DDP(SmallCNN())
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # With momentum correction (a spec's `momentum` key) the aggregation keeps the
+    # velocity, so the optimizer must not keep one too.
+    momentum = 0.0 if "momentum" in spec.params else 0.9
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"gradzip {gradzip.__version__}: {world} ranks, aggregation '{spec}', {params} parameters, "

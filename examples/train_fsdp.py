@@ -47,7 +47,10 @@ def main():
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
     state = gradzip.fsdp.compress(model, args.spec)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    # With momentum correction (a spec's `momentum` key) the reduce-scatter keeps the
+    # velocity, so the optimizer must not keep one too.
+    momentum = 0.0 if "momentum" in gradzip.Spec(args.spec).params else 0.9
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     if rank == 0:
         print(f"gradzip {gradzip.__version__}: FSDP2 on {world} ranks, reduce-scatter '{state.spec}'", flush=True)
 

@@ -23,12 +23,14 @@ const SpecKey* find_key(const std::vector<SpecKey>& keys, const std::string& nam
   return it == keys.end() ? nullptr : &*it;
 }
 
-// The keys a codec lends an aggregation: all of them, except vote for choco (its
-// public copies need the decoded values, not a vote).
+// The keys a codec lends an aggregation: all of them, except for choco vote (its public
+// copies need the decoded values, not a vote), density_warmup and momentum (they concern
+// all-reduce calls of gradients; choco's copies follow one codec).
 std::vector<SpecKey> lent_keys(const CodecRecord& codec, AggregationKind::CodecFrom from) {
   std::vector<SpecKey> keys;
   for (const auto& key : codec.keys) {
-    if (!(from == AggregationKind::CodecFrom::kCompressKey && key.name == "vote")) keys.push_back(key);
+    const bool all_reduce_only = key.name == "vote" || key.name == "density_warmup" || key.name == "momentum";
+    if (!(from == AggregationKind::CodecFrom::kCompressKey && all_reduce_only)) keys.push_back(key);
   }
   return keys;
 }

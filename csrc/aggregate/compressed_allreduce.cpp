@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -57,6 +58,26 @@ void own_chunk(CompressedState& state, const Chunk& owned, const at::Device& dev
   if (state.owner_residual.device() != device) state.owner_residual = state.owner_residual.to(device);
 }
 
+// Momentum correction, before the encode: u ← m·u + x becomes what is encoded. Returns
+// what the worker residual will hold where nothing is sent (residual + u), to find
+// where something was (mask_momentum).
+at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key) {
+  const int64_t n = call.x.numel();
+  if (!state.velocity.defined()) state.velocity = at::zeros({n}, call.x.options());
+  TORCH_CHECK(state.velocity.numel() == n, "gradzip: the velocity of the tensor keyed '", key, "' has ",
+              state.velocity.numel(), " elements, the tensor ", n);
+  if (state.velocity.device() != call.x.device()) state.velocity = state.velocity.to(call.x.device());
+  state.velocity.mul_(momentum).add_(call.x);
+  call.x = state.velocity;
+  return call.worker_residual + state.velocity;
+}
+
+// Factor masking, after the encode: u is zeroed where the residual no longer holds
+// residual + u, i.e. where the encode sent something.
+void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent) {
+  state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
+}
+
 }  // namespace
 
 std::vector<SpecKey> compressed_aggregation_keys() {
@@ -78,6 +99,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
 
 void CompressedState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
   if (residual.defined()) out[state_name(key, "residual")] = residual.to(at::kCPU).clone();
+  if (velocity.defined()) out[state_name(key, "velocity")] = velocity.to(at::kCPU).clone();
   if (owner_residual.defined()) {
     out[state_name(key, "owner_residual")] = owner_residual.to(at::kCPU).clone();
     out[state_name(key, "owner_offset")] = count_tensor(owner_offset);
@@ -89,6 +111,8 @@ void CompressedState::save(const std::string& key, std::map<std::string, at::Ten
 void CompressedState::load(const std::string& field, const at::Tensor& value, const std::string& name) {
   if (field == "residual") {
     residual = float_state(value, name);
+  } else if (field == "velocity") {
+    velocity = float_state(value, name);
   } else if (field == "owner_residual") {
     owner_residual = float_state(value, name);
   } else if (field == "owner_offset") {
@@ -105,13 +129,35 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
 CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
     : StatefulAggregation(spec),
       codec_(spec.codec()),
+      density_warmup_(spec.spec().get_int("density_warmup", 0)),
       exchange_(exchange_request(spec.spec())),
       error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
       majority_(codec_->parameters().majority),
+      momentum_(spec.spec().get_double("momentum", 0.0)),
       min_numel_(spec.spec().get_int("min_numel", 0)),
       warmup_(spec.spec().get_int("warmup", 0)),
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
-      agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {}
+      agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {
+  if (momentum_ > 0 && !error_feedback_) {
+    throw SpecError("gradzip: spec '" + spec.str() +
+                    "': momentum correction keeps what was not sent in the residual; it needs ef=1");
+  }
+  if (density_warmup_ == 0) return;
+  constexpr int kStages = 4;
+  const CodecRecord& record = codec_record(codec_->id());
+  for (int stage = 0; stage < kStages; ++stage) {
+    CodecParameters denser = codec_->parameters();
+    denser.density = std::max(denser.density, 0.25 / std::pow(4.0, stage));
+    warmup_codecs_.push_back(denser.density == codec_->parameters().density ? codec_ : record.make(denser));
+  }
+}
+
+const std::shared_ptr<const Codec>& CompressedAllreduce::codec_for(const CompressedState& state) const {
+  const int64_t call = state.calls - warmup_;
+  if (call < 0 || call >= density_warmup_) return codec_;
+  const auto stages = static_cast<int64_t>(warmup_codecs_.size());
+  return warmup_codecs_[static_cast<size_t>(call * stages / density_warmup_)];
+}
 
 void CompressedAllreduce::take_step(CompressedState& state, const std::string& key, c10d::ReduceOp::RedOpType op,
                                     const c10d::Backend& transport, ExchangeCall& call) const {
@@ -138,7 +184,9 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   if (!compressible(tensor) || !supported_op || n < min_numel_ || state.calls < warmup_) return {};
   const int ranks = transport.getSize();
   Plan plan;
-  plan.scheme = choose_exchange(exchange_, exchange_cost(*codec_, n, tensor.element_size(), ranks));
+  plan.codec = codec_for(state);
+  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks));
+  if (plan.scheme == ExchangeScheme::kDense) return {};
   if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
   return plan;
 }
@@ -173,7 +221,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   // worker residuals end to end, and the owner residuals of the pieces' parts of the
   // owned chunk, which tile it.
   const CompressedState& first = states_[pieces.front().key];
-  CompressedState whole{at::Tensor(), at::Tensor(), 0, first.calls, first.step};
+  CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, first.calls, first.step};
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
@@ -182,16 +230,21 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     return Chunk{begin - offset, end - begin};
   };
   if (keep) {
-    std::vector<at::Tensor> parts, owned_parts;
+    std::vector<at::Tensor> parts, owned_parts, velocities;
     int64_t offset = 0;
     for (const auto& piece : pieces) {
       CompressedState& state = states_[piece.key];
       own_chunk(state, part_of_chunk(offset, piece.numel), device, piece.numel, piece.key);
       parts.push_back(residual_on(state, device, piece.numel, piece.key));
       if (state.owner_residual.defined()) owned_parts.push_back(state.owner_residual);
+      if (momentum_ > 0) {
+        velocities.push_back(state.velocity.defined() ? state.velocity.to(device)
+                                                      : at::zeros({piece.numel}, at::dtype(at::kFloat).device(device)));
+      }
       offset += piece.numel;
     }
     whole.residual = at::cat(parts);
+    if (!velocities.empty()) whole.velocity = at::cat(velocities);
     if (!owned_parts.empty()) {
       whole.owner_residual = at::cat(owned_parts);
       whole.owner_offset = how.owned.begin;
@@ -207,6 +260,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     state.step = whole.step;
     if (keep) {
       state.residual = whole.residual.narrow(0, offset, piece.numel).clone();
+      if (whole.velocity.defined()) state.velocity = whole.velocity.narrow(0, offset, piece.numel).clone();
       const Chunk part = part_of_chunk(offset, piece.numel);
       if (part.length > 0) {
         state.owner_residual =
@@ -244,6 +298,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   take_step(state, key, opts.reduceOp.op_, *transport, call);
   if (error_feedback_ && how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
+  const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA
@@ -254,10 +309,11 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   // anything is written): no 4n-byte buffer and no pass to copy it back.
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  const auto codec = tensor_codec(codec_, device);
+  const auto codec = tensor_codec(how.codec, device);
   const int64_t sent = how.scheme == ExchangeScheme::kTwoPhase
-                           ? twophase_allreduce(*codec, *codec_, call, sum, transport)
-                           : oneshot_allreduce(*codec, *codec_, call, sum, transport);
+                           ? twophase_allreduce(*codec, *how.codec, call, sum, transport)
+                           : oneshot_allreduce(*codec, *how.codec, call, sum, transport);
+  if (unsent.defined()) mask_momentum(state, call, unsent);
   if (majority_) sum.sign_();
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
@@ -272,7 +328,7 @@ CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const a
     return {true, "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG"};
   }
   if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return {true, ""};
-  const ReduceScatterCost cost = reduce_scatter_cost(*codec_, input.numel(), input.element_size(), ranks);
+  const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks);
   if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
     return {true, "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
                       std::to_string(cost.dense)};
@@ -300,6 +356,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
     return exact_reduce_scatter(output, input, opts, transport, stats);
   }
   const at::Device device = residual_device(input);
+  const std::shared_ptr<const Codec> codec = codec_for(state);
   ExchangeCall call;
   call.x = input.detach().reshape({n}).to(device, at::kFloat).contiguous();
   lock.unlock();
@@ -311,6 +368,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   lock.lock();
   take_step(state, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
+  const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA
@@ -318,7 +376,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
       device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
 #endif
   at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
-  const int64_t sent = compressed_reduce_scatter(*tensor_codec(codec_, device), *codec_, call, shard, transport);
+  const int64_t sent = compressed_reduce_scatter(*tensor_codec(codec, device), *codec, call, shard, transport);
+  if (unsent.defined()) mask_momentum(state, call, unsent);
   if (majority_) shard.sign_();
   output.copy_(shard.view(output.sizes()));
   stats.add(sent, sent, (ranks - 1) * output.numel() * 4);

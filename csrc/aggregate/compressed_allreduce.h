@@ -11,7 +11,10 @@
 // Compressed: fp32, fp16 and bf16 tensors (math in fp32, the result cast back) with
 // SUM or AVG. Everything else — other dtypes, other ops, tensors below min_numel, the
 // first `warmup` calls of each tensor, auto's dense choice — goes through the
-// transport's exact all-reduce.
+// transport's exact all-reduce. With density_warmup (topk, randomk, stc), the next
+// density_warmup calls of each tensor use a denser codec in four equal stages (DGC's
+// warm-up): density max(d, 0.25·4^−s) in stage s; all ranks count calls alike, so all
+// agree on each call's codec.
 //
 // CUDA tensors whose codec has GPU kernels (topk, stc, sign, qsgd) stay on the GPU in
 // builds with CUDA (residuals there too), encoded and decoded on the current stream;
@@ -27,7 +30,10 @@
 // rank changes no state (residuals, counters) and returns all NaN on every rank
 // (aggregate/finite_step.h): mixed precision skips it and goes on. Without, the codec
 // carries the Inf or NaN into the result (majority vote and random-k, which could drop
-// it, agree first like error feedback). State is kept under the caller's key: the
+// it, agree first like error feedback). Momentum correction (DGC, `momentum` m, with
+// error feedback): the worker encodes its velocity u ← m·u + x instead of x, and sets
+// u to 0 where its encode sent something (factor masking); the caller's optimizer then
+// runs without momentum. State is kept under the caller's key: the
 // backend derives keys from the call sequence, the DDP hook uses bucket indices or
 // parameter names, the model-level API parameter names. Calls for one key must not run
 // concurrently.
@@ -46,6 +52,7 @@ namespace gradzip {
 struct CompressedState {
   at::Tensor residual;        // worker residual, one per element
   at::Tensor owner_residual;  // two-phase: the owned chunk's, from element owner_offset
+  at::Tensor velocity;        // momentum correction: u, one per element, where the residual lives
   int64_t owner_offset = 0;
   int64_t calls = 0;  // all-reduces so far, exact ones included
   uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
@@ -74,7 +81,11 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   struct Plan {
     ExchangeScheme scheme = ExchangeScheme::kDense;  // kDense: exact
     Chunk owned{0, 0};
+    std::shared_ptr<const Codec> codec;  // this call's (density_warmup); null when exact
   };
+  // The codec of `state`'s next compressed call: a denser one while its density warm-up
+  // lasts, else the spec's.
+  const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
@@ -101,9 +112,13 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   at::Device residual_device(const at::Tensor& tensor) const;
 
   std::shared_ptr<const Codec> codec_;
+  // density_warmup: that many calls after `warmup`, in four stages of the codecs here.
+  int64_t density_warmup_;
+  std::vector<std::shared_ptr<const Codec>> warmup_codecs_;
   ExchangeRequest exchange_;
   bool error_feedback_;
   bool majority_;
+  double momentum_;  // 0: no momentum correction
   int64_t min_numel_;
   int64_t warmup_;
   uint64_t seed_;

@@ -82,7 +82,7 @@ const CodecRecord& randomk_record() {
       CodecId::kRandomK,
       "randomk",
       "ceil(density·n) elements chosen by a seed shared by all ranks; unbiased=1 scales by n/k",
-      {selection_keys().front(),
+      {density_key(), density_warmup_key(), momentum_key(),
        SpecKey::boolean("unbiased", "1", "scale the values by n/k, so the estimate is unbiased")},
       [](const Spec& spec) {
         CodecParameters p;

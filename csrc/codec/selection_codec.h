@@ -36,7 +36,14 @@ class SelectionCodec : public CodecBase {
   virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
 };
 
-// density and approx: the keys of every selection codec.
+// density: the share of elements a selection codec (and random-k) sends.
+SpecKey density_key();
+// density_warmup: how many compressed all-reduces of a tensor send more than density
+// (read by the aggregation, aggregate/compressed_allreduce.h; codecs ignore it).
+SpecKey density_warmup_key();
+// momentum: DGC's momentum correction with factor masking (read by the aggregation).
+SpecKey momentum_key();
+// density, density_warmup, momentum and approx: the keys of every selection codec.
 std::vector<SpecKey> selection_keys();
 CodecParameters parse_selection(CodecId id, const Spec& spec);
 
