@@ -28,7 +28,10 @@ std::string device_check_message(CodecId codec, int bits) {
 
 }  // namespace
 
-bool has_device_half(CodecId id) { return codec_record(id).device != nullptr; }
+bool has_device_half(const Codec& codec) {
+  const DeviceHalf* half = codec_record(codec.id()).device;
+  return half != nullptr && (half->accepts == nullptr || half->accepts(codec.parameters()));
+}
 
 DevicePayload device_encode(const Codec& codec, const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                             DeviceArena& arena, cudaStream_t stream) {

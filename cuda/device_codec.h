@@ -28,7 +28,8 @@ class RankPayloadError : public PayloadError {
   int rank_;
 };
 
-bool has_device_half(CodecId id);
+// Whether the codec, with its parameters, runs on the GPU (else its host codec does).
+bool has_device_half(const Codec& codec);
 
 // codec.encode() on the device: x and residual (or null) hold n floats.
 DevicePayload device_encode(const Codec& codec, const float* x, int64_t n, float* residual, const EncodeContext& ctx,

@@ -242,6 +242,6 @@ void qsgd_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
 
 }  // namespace
 
-const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add};
+const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add, nullptr};
 
 }  // namespace gradzip

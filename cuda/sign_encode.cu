@@ -153,6 +153,6 @@ void sign_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
 
 }  // namespace
 
-const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add};
+const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add, nullptr};
 
 }  // namespace gradzip

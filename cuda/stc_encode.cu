@@ -123,7 +123,7 @@ size_t stc_scratch_bytes(int64_t n, int64_t count) { return Scratch(nullptr, n, 
 
 StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch, cudaStream_t stream) {
   StcPlan plan;
-  plan.golomb_parameter = stc_golomb_parameter(count, n);
+  plan.golomb_parameter = golomb_parameter(count, n);
   if (count > 0) {
     const Scratch s(scratch, n, count);
     golomb_code_bits<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, plan.golomb_parameter,
@@ -203,13 +203,14 @@ void stc_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t
   wire::Reader r(prefix, have, size, "stc");
   const StcLayout layout = read_stc_layout(r, n);
   const auto k = static_cast<int64_t>(layout.k);
-  void* scratch = arena.allocate(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes));
-  cuda::add_stc(payload + layout.positions.offset, layout.positions.bytes, layout.bitmap, layout.golomb_parameter,
+  void* scratch = arena.allocate(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes.bytes));
+  cuda::add_stc(payload + layout.positions.bytes.offset, layout.positions.bytes.bytes, layout.positions.bitmap,
+                layout.positions.golomb_parameter,
                 payload + layout.signs.offset, k, layout.mu, out, n, error, scratch, stream);
 }
 
 }  // namespace
 
-const DeviceHalf kStcDevice = {stc_device_encode, stc_device_decode_add};
+const DeviceHalf kStcDevice = {stc_device_encode, stc_device_decode_add, nullptr};
 
 }  // namespace gradzip

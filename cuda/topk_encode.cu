@@ -73,12 +73,17 @@ void topk_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
                             int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
   wire::Reader r(prefix, have, size, "topk");
   const TopKLayout layout = read_topk_layout(r, n);
+  if (layout.value_type != ValueType::kFp32) r.fail("compact payloads (coded positions) decode on the host");
   cuda::add_topk(payload + layout.indices.offset, payload + layout.values.offset, static_cast<int64_t>(layout.k),
                  layout.width, out, n, error, stream);
 }
 
+// The kernels write and read fp32 values with indices; compact payloads (values=fp16|bf16)
+// are the host codec's.
+bool topk_device_accepts(const CodecParameters& codec) { return codec.values == ValueType::kFp32; }
+
 }  // namespace
 
-const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add};
+const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add, topk_device_accepts};
 
 }  // namespace gradzip

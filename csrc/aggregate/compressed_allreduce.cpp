@@ -171,7 +171,7 @@ void CompressedAllreduce::take_step(CompressedState& state, const std::string& k
 
 at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
 #ifdef GRADZIP_WITH_CUDA
-  if (tensor.is_cuda() && cuda::has_device_half(codec_->id())) return tensor.device();
+  if (tensor.is_cuda() && cuda::has_device_half(*codec_)) return tensor.device();
 #endif
   return at::Device(at::kCPU);
 }

@@ -117,7 +117,7 @@ class DeviceTensorCodec final : public TensorCodec {
 }  // namespace
 
 std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec) {
-  TORCH_CHECK(cuda::has_device_half(codec->id()), "gradzip: the ", codec->name(), " codec has no GPU encoder");
+  TORCH_CHECK(cuda::has_device_half(*codec), "gradzip: the ", codec->name(), " codec has no GPU encoder");
   return std::make_unique<DeviceTensorCodec>(std::move(codec));
 }
 

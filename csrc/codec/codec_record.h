@@ -17,6 +17,9 @@ struct CUstream_st;  // cudaStream_t, without the CUDA headers
 
 namespace gradzip {
 
+// How a codec sends values: its wire byte (docs/wire-format.md).
+enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
+
 // A codec's parameters as its spec sets them (defaults filled in, values checked): what
 // its host codec is built from and what its device half is given.
 struct CodecParameters {
@@ -29,6 +32,7 @@ struct CodecParameters {
   int levels = 0;         // qsgd
   int64_t bucket = 0;     // qsgd
   bool max_norm = false;  // qsgd
+  ValueType values = ValueType::kFp32;  // topk: how values travel (fp16, bf16: positions coded too)
 };
 
 // Device memory for the device halves: 256-byte aligned, valid until the arena goes
@@ -55,6 +59,8 @@ struct DeviceHalf {
   // and queues its decode-add into out[0..n). Data-dependent checks set bits in *error.
   void (*queue_decode_add)(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
                            int64_t n, int* error, DeviceArena& arena, CUstream_st* stream);
+  // Whether the kernels handle these parameters (null: all); others run on the host.
+  bool (*accepts)(const CodecParameters& codec);
 };
 
 struct CodecRecord {

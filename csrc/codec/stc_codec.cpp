@@ -1,7 +1,5 @@
-#include <algorithm>
 #include <cmath>
 
-#include "codec/bitpack.h"
 #include "codec/element_math.cuh"
 #include "codec/selection_codec.h"
 #include "codec/stc_codec.h"
@@ -13,58 +11,10 @@ StcLayout read_stc_layout(wire::Reader& r, int64_t n) {
   StcLayout layout;
   layout.k = r.get_count("k", n);
   layout.mu = r.get<float>("mu");
-  const uint8_t coding = r.get<uint8_t>("position coding");
-  layout.golomb_parameter = r.get<uint8_t>("golomb parameter");
-  const uint64_t position_bytes = r.get<uint64_t>("position bytes");
-  if (coding != kStcGolomb && coding != kStcBitmap) r.fail("unknown position coding " + std::to_string(coding));
-  if (layout.golomb_parameter > kMaxGolombParameter) {
-    r.fail("golomb parameter " + std::to_string(layout.golomb_parameter) + " above " +
-           std::to_string(kMaxGolombParameter));
-  }
-  layout.bitmap = coding == kStcBitmap;
-  layout.positions = r.take(position_bytes, "positions");
+  layout.positions = read_position_layout(r, n, layout.k);
   layout.signs = r.take(wire::bytes_for_bits(layout.k), "sign bits");
   r.finish();
-  if (layout.bitmap && position_bytes != wire::bytes_for_bits(static_cast<uint64_t>(n))) {
-    r.fail("the bitmap is not ceil(n/8) bytes");
-  }
-  if (!layout.bitmap && layout.k == 0 && position_bytes != 0) r.fail("position bytes left over");
   return layout;
-}
-
-// b* = 1 + floor(log2(ln(φ − 1) / ln(1 − p))) for the density p = k/n.
-int stc_golomb_parameter(int64_t k, int64_t n) {
-  const double p = static_cast<double>(k) / static_cast<double>(n);
-  if (p >= 1.0 || k == 0) return 0;
-  const double phi = (1.0 + std::sqrt(5.0)) / 2.0;
-  const double b = 1.0 + std::floor(std::log2(std::log(phi - 1.0) / std::log1p(-p)));
-  return b < 0 ? 0 : b > kMaxGolombParameter ? kMaxGolombParameter : static_cast<int>(b);
-}
-
-// k gaps add up to at most n − k; with parameter b they take Σ(⌊g/2^b⌋ + 1 + b) ≤
-// ⌊(n − k)/2^b⌋ + k(1 + b) bits. That grows with k for a fixed b, and b only falls as k
-// grows (k ≥ 1), so the largest k of each b (b takes at most 41 values) bounds all the
-// others. No positions take no bytes.
-uint64_t stc_max_position_bytes(int64_t n, int64_t max_k) {
-  const auto bound = [n](int64_t k, int b) {
-    return wire::bytes_for_bits((static_cast<uint64_t>(n - k) >> b) + static_cast<uint64_t>(k) * (1 + b));
-  };
-  uint64_t most = 0;
-  for (int64_t k = max_k; k >= 1;) {
-    const int b = stc_golomb_parameter(k, n);
-    most = std::max(most, bound(k, b));
-    int64_t low = 1, high = k;  // the smallest k' with the same b
-    while (low < high) {
-      const int64_t mid = low + (high - low) / 2;
-      if (stc_golomb_parameter(mid, n) == b) {
-        high = mid;
-      } else {
-        low = mid + 1;
-      }
-    }
-    k = low - 1;
-  }
-  return std::min<uint64_t>(most, wire::bytes_for_bits(n));
 }
 
 namespace {
@@ -74,39 +24,18 @@ class StcCodec final : public SelectionCodec {
   using SelectionCodec::SelectionCodec;
   size_t max_payload_bytes(int64_t n) const override {
     const int64_t max_k = max_selected(parameters_, n);
-    return kPayloadHeaderBytes + 22 + stc_max_position_bytes(n, max_k) + wire::bytes_for_bits(max_k);
+    return kPayloadHeaderBytes + 12 + kPositionHeaderBytes + max_position_bytes(n, max_k) +
+           wire::bytes_for_bits(max_k);
   }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "stc");
     const StcLayout layout = read_stc_layout(r, n);
-    const uint64_t k = layout.k, position_bytes = layout.positions.bytes;
+    const uint64_t k = layout.k;
     const float mu = layout.mu;
-    const int b = layout.golomb_parameter;
-    const uint8_t* positions = r.at(layout.positions);
     const uint8_t* signs = r.at(layout.signs);
-
     std::vector<int64_t> indices;
-    indices.reserve(k);
-    if (layout.bitmap) {
-      for (int64_t i = 0; i < n; ++i) {
-        if ((positions[i / 8] >> (i % 8)) & 1) indices.push_back(i);
-      }
-      if (indices.size() != k) r.fail("the bitmap marks " + std::to_string(indices.size()) + " positions, k is " + std::to_string(k));
-    } else {
-      bitpack::BitReader bits(positions, position_bytes);
-      int64_t at = -1;
-      for (uint64_t j = 0; j < k; ++j) {
-        const uint64_t quotient = bits.get_ones();
-        if (quotient > static_cast<uint64_t>(n)) r.fail("a position gap runs past the tensor");
-        const uint64_t gap = (quotient << b) | bits.get(b);
-        if (bits.failed()) r.fail("the positions end before k = " + std::to_string(k) + " were read");
-        if (gap >= static_cast<uint64_t>(n - at - 1)) r.fail("position past the last element");
-        at += static_cast<int64_t>(gap) + 1;
-        indices.push_back(at);
-      }
-      if (wire::bytes_for_bits(bits.bits_read()) != position_bytes) r.fail("position bytes left over");
-    }
+    read_positions(r, layout.positions, k, n, indices);
     const float plus = scale * mu, minus = scale * -mu;
     for (uint64_t j = 0; j < k; ++j) out[indices[j]] += ((signs[j / 8] >> (j % 8)) & 1) ? plus : minus;
   }
@@ -121,34 +50,11 @@ class StcCodec final : public SelectionCodec {
     for (double lane : lanes) magnitude_sum += lane;
     const float mu = k ? static_cast<float>(magnitude_sum / static_cast<double>(k)) : 0.0f;
 
-    const int b = stc_golomb_parameter(k, n);
-    std::vector<uint8_t> golomb;
-    bitpack::BitWriter bits(golomb);
-    int64_t previous = -1;
-    for (int64_t i : chosen) {
-      const uint64_t gap = static_cast<uint64_t>(i - previous - 1);
-      bits.put_ones(gap >> b);
-      bits.put(0, 1);
-      if (b) bits.put(gap & ((uint64_t{1} << b) - 1), b);
-      previous = i;
-    }
-    bits.flush();
-    const bool bitmap = golomb.size() > wire::bytes_for_bits(n);
-
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint64_t>(k);
     w.put<float>(mu);
-    w.put<uint8_t>(bitmap ? kStcBitmap : kStcGolomb);
-    w.put<uint8_t>(static_cast<uint8_t>(b));
-    if (bitmap) {
-      w.put<uint64_t>(wire::bytes_for_bits(n));
-      uint8_t* map = w.reserve(wire::bytes_for_bits(n));
-      for (int64_t i : chosen) map[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-    } else {
-      w.put<uint64_t>(golomb.size());
-      if (!golomb.empty()) std::memcpy(w.reserve(golomb.size()), golomb.data(), golomb.size());
-    }
+    write_positions(w, chosen, n);
     uint8_t* signs = w.reserve(wire::bytes_for_bits(k));
     for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
   }

@@ -1,5 +1,8 @@
 #include "codec/topk_codec.h"
 
+#include <algorithm>
+
+#include "codec/element_math.cuh"
 #include "codec/selection_codec.h"
 
 namespace gradzip {
@@ -9,30 +12,64 @@ TopKLayout read_topk_layout(wire::Reader& r, int64_t n) {
   TopKLayout layout;
   layout.k = r.get_count("k", n);
   layout.width = r.get<uint8_t>("index width");
-  if (layout.width != 4 && layout.width != 8) {
-    r.fail("index width " + std::to_string(layout.width) + " is neither 4 nor 8");
+  if (layout.width == 0) {
+    const uint8_t type = r.get<uint8_t>("value type");
+    if (type != static_cast<uint8_t>(ValueType::kFp16) && type != static_cast<uint8_t>(ValueType::kBf16)) {
+      r.fail("value type " + std::to_string(type) + " is neither fp16 (1) nor bf16 (2)");
+    }
+    layout.value_type = static_cast<ValueType>(type);
+    layout.positions = read_position_layout(r, n, layout.k);
+    layout.values = r.take(layout.k * 2, "values");
+  } else {
+    if (layout.width != 4 && layout.width != 8) {
+      r.fail("index width " + std::to_string(layout.width) + " is neither 4 nor 8 (nor 0: coded positions)");
+    }
+    layout.value_type = ValueType::kFp32;
+    layout.indices = r.take(layout.k * layout.width, "indices");
+    layout.values = r.take(layout.k * 4, "values");
   }
-  layout.indices = r.take(layout.k * layout.width, "indices");
-  layout.values = r.take(layout.k * 4, "values");
   r.finish();
   return layout;
 }
 
 namespace {
 
+// Finite values saturate at the type's largest (fp16: 65504) instead of becoming Inf:
+// error feedback keeps the rest.
+uint16_t to_wire(ValueType type, float v) {
+  if (type == ValueType::kFp16) return math::float_to_half(std::clamp(v, -65504.0f, 65504.0f));
+  constexpr float kBf16Max = 3.38953139e38f;  // 0x7F7F
+  return math::float_to_bf16(std::clamp(v, -kBf16Max, kBf16Max));
+}
+float from_wire(ValueType type, uint16_t v) {
+  return type == ValueType::kFp16 ? math::half_to_float(v) : math::bf16_to_float(v);
+}
+
 class TopKCodec final : public SelectionCodec {
  public:
   using SelectionCodec::SelectionCodec;
   size_t max_payload_bytes(int64_t n) const override {
+    const auto most = static_cast<size_t>(max_selected(parameters_, n));
+    if (compact()) return kPayloadHeaderBytes + 10 + kPositionHeaderBytes + max_position_bytes(n, most) + 2 * most;
     const size_t width = n <= (int64_t{1} << 32) ? 4 : 8;
-    return kPayloadHeaderBytes + 9 + static_cast<size_t>(max_selected(parameters_, n)) * (width + 4);
+    return kPayloadHeaderBytes + 9 + most * (width + 4);
   }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "topk");
     const TopKLayout layout = read_topk_layout(r, n);
-    const uint8_t* indices = r.at(layout.indices);
     const uint8_t* values = r.at(layout.values);
+    if (layout.value_type != ValueType::kFp32) {
+      std::vector<int64_t> indices;
+      read_positions(r, layout.positions, layout.k, n, indices);  // checked before anything is written
+      for (uint64_t j = 0; j < layout.k; ++j) {
+        uint16_t v;
+        std::memcpy(&v, values + 2 * j, 2);
+        out[indices[j]] += scale * from_wire(layout.value_type, v);
+      }
+      return;
+    }
+    const uint8_t* indices = r.at(layout.indices);
     // Check every index before writing any: strictly ascending and below n.
     int64_t previous = -1;
     for (uint64_t j = 0; j < layout.k; ++j) {
@@ -53,10 +90,21 @@ class TopKCodec final : public SelectionCodec {
  protected:
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
-    const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint64_t>(chosen.size());
+    if (compact()) {
+      w.put<uint8_t>(0);
+      w.put<uint8_t>(static_cast<uint8_t>(parameters_.values));
+      write_positions(w, chosen, n);
+      uint8_t* values = w.reserve(chosen.size() * 2);
+      for (size_t j = 0; j < chosen.size(); ++j) {
+        const uint16_t v = to_wire(parameters_.values, u[chosen[j]]);
+        std::memcpy(values + 2 * j, &v, 2);
+      }
+      return;
+    }
+    const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
     w.put<uint8_t>(width);
     uint8_t* indices = w.reserve(chosen.size() * width);
     for (size_t j = 0; j < chosen.size(); ++j) {
@@ -72,6 +120,8 @@ class TopKCodec final : public SelectionCodec {
   }
 
  private:
+  bool compact() const { return parameters_.values != ValueType::kFp32; }
+
   static int64_t read_index(const uint8_t* indices, uint64_t j, uint8_t width) {
     if (width == 4) {
       uint32_t index;
@@ -84,13 +134,26 @@ class TopKCodec final : public SelectionCodec {
   }
 };
 
+CodecParameters parse_topk(const Spec& spec) {
+  CodecParameters p = parse_selection(CodecId::kTopK, spec);
+  const std::string values = spec.get_string("values", "fp32");
+  p.values = values == "fp16" ? ValueType::kFp16 : values == "bf16" ? ValueType::kBf16 : ValueType::kFp32;
+  return p;
+}
+
 }  // namespace
 
 const CodecRecord& topk_record() {
-  static const CodecRecord record =
-      selection_record<CodecId::kTopK, TopKCodec>(
-      "topk", "the ceil(density·n) largest magnitudes as (index, value); approx=1 estimates the threshold",
-      GRADZIP_DEVICE_HALF(kTopKDevice));
+  static const CodecRecord record = [] {
+    CodecRecord r = selection_record<CodecId::kTopK, TopKCodec>(
+        "topk", "the ceil(density·n) largest magnitudes as (position, value); approx=1 estimates the threshold",
+        GRADZIP_DEVICE_HALF(kTopKDevice));
+    r.keys.push_back(SpecKey::choice("values", "fp32", {"fp32", "fp16", "bf16"},
+                                     "fp32: values with 4- or 8-byte indices; fp16, bf16: 2-byte values with "
+                                     "Golomb-Rice coded positions (error feedback keeps the rounding)"));
+    r.parse = parse_topk;
+    return r;
+  }();
   return record;
 }
 

@@ -74,7 +74,7 @@ void bind_codec(py::module_& m) {
       "cuda_encode",
       [](const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor> residual, uint64_t seed,
          uint64_t step, uint32_t rank) {
-        TORCH_CHECK(spec.codec() && cuda::has_device_half(spec.codec()->id()), "gradzip: '", spec.str(),
+        TORCH_CHECK(spec.codec() && cuda::has_device_half(*spec.codec()), "gradzip: '", spec.str(),
                     "' has no GPU kernels");
         return encode_on_device(*spec.codec(), x, residual ? *residual : at::Tensor(), {seed, step, rank});
       },
@@ -83,7 +83,7 @@ void bind_codec(py::module_& m) {
   m.def(
       "cuda_decode_add",
       [](const std::vector<at::Tensor>& payloads, at::Tensor& out, const BoundSpec& spec) {
-        TORCH_CHECK(spec.codec() && cuda::has_device_half(spec.codec()->id()), "gradzip: '", spec.str(),
+        TORCH_CHECK(spec.codec() && cuda::has_device_half(*spec.codec()), "gradzip: '", spec.str(),
                     "' has no GPU kernels");
         int64_t stride = 8;
         for (const auto& p : payloads) stride = std::max<int64_t>(stride, (p.numel() + 7) / 8 * 8);

@@ -39,7 +39,8 @@ std::vector<float> decode(const std::vector<uint8_t>& payload, int64_t n) {
 }
 
 const std::vector<std::string> kSpecs = {
-    "identity", "fp16", "bf16", "topk:density=0.01", "topk:density=0.1,approx=1", "randomk:density=0.05",
+    "identity", "fp16", "bf16", "topk:density=0.01", "topk:density=0.1,approx=1", "topk:density=0.01,values=fp16",
+    "topk:density=0.6,values=bf16", "randomk:density=0.05",
     "stc:density=0.01", "stc:density=0.3", "sign", "sign:vote=majority", "sign:block=100",
     "qsgd:bits=4", "qsgd:bits=8,bucket=128", "qsgd:levels=1,norm=max", "qsgd:bits=3,bucket=100"};
 
@@ -54,13 +55,15 @@ TEST(CodecTest, HeaderNamesCodecAndCount) {
 }
 
 // Exchanges reserve max_payload_bytes(n) per payload: no encode may write more, and
-// every codec but STC (Golomb-coded positions) and approximate top-k writes exactly it.
+// every codec but STC and compact top-k (Golomb-coded positions) and approximate top-k
+// writes exactly it.
 TEST(CodecTest, PayloadsFitTheirBound) {
   std::vector<float> heavy(4096, 0.0f);  // an approximate threshold meets ties: capped
   for (size_t i = 0; i < heavy.size(); i += 2) heavy[i] = 1.0f;
   for (const auto& spec : kSpecs) {
     const auto codec = make_codec(parse_spec(spec));
-    const bool variable = codec->id() == CodecId::kStc || spec.find("approx") != std::string::npos;
+    const bool variable = codec->id() == CodecId::kStc || spec.find("approx") != std::string::npos ||
+                          spec.find("values=") != std::string::npos;
     for (int64_t n : {0, 1, 7, 64, 999, 4096, 100003}) {
       for (int seed = 0; seed < 3; ++seed) {
         auto x = random_input(n, seed, seed == 2 ? 1e-30f : 1.0f);
@@ -118,6 +121,35 @@ TEST(CodecTest, TopKSendsExactlyTheLargest) {
     }
   }
   EXPECT_EQ(sent, 100);
+}
+
+// values=fp16|bf16: the same positions as fp32 top-k, the values rounded (fp16 saturating
+// at ±65504), positions Golomb-coded; error feedback keeps exactly what rounding lost.
+TEST(CodecTest, CompactTopKSendsTheLargestRounded) {
+  const int64_t n = 10000;
+  auto x = random_input(n, 4);
+  x[17] = 1e6f;  // beyond fp16's range
+  const auto exact = decode(encode("topk:density=0.01", x), n);
+  for (const char* spec : {"topk:density=0.01,values=fp16", "topk:density=0.01,values=bf16"}) {
+    const bool half = std::string(spec).find("fp16") != std::string::npos;
+    std::vector<float> residual(n, 0.0f);
+    const auto payload = encode(spec, x, residual.data());
+    EXPECT_LT(payload.size(), kPayloadHeaderBytes + 9 + 100 * 8u) << spec;  // fp32 top-k's size
+    const auto decoded = decode(payload, n);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(decoded[i] != 0.0f, exact[i] != 0.0f) << spec << " " << i;
+      if (exact[i] == 0.0f) {
+        ASSERT_EQ(residual[i], x[i]);
+        continue;
+      }
+      const float clipped = half ? std::clamp(x[i], -65504.0f, 65504.0f) : x[i];
+      const float rounded = half ? math::half_to_float(math::float_to_half(clipped))
+                                 : math::bf16_to_float(math::float_to_bf16(clipped));
+      ASSERT_EQ(decoded[i], rounded) << spec << " " << i;
+      ASSERT_EQ(residual[i], x[i] - rounded) << spec << " " << i;
+    }
+    EXPECT_EQ(decoded[17], half ? 65504.0f : math::bf16_to_float(math::float_to_bf16(1e6f))) << spec;
+  }
 }
 
 TEST(CodecTest, TopKWithAtMostKNonZerosIsLossless) {

@@ -1,6 +1,6 @@
 """Writes the fuzzers' seed corpus: valid payloads of every codec, from small tensors with
 the shapes that reach each code path (ties, zeros, Inf, both STC position codings, QSGD
-widths, sign blocks, both top-k index widths' small side), into tests/fuzz/corpus/<codec>/,
+widths, sign blocks, top-k's 4-byte indices and its coded positions), into tests/fuzz/corpus/<codec>/,
 and gossip message headers into tests/fuzz/corpus/peer_header/.
 
     .venv/bin/python tests/fuzz/make_corpus.py
@@ -17,7 +17,8 @@ SPECS = {
     "identity": ["identity"],
     "fp16": ["fp16"],
     "bf16": ["bf16"],
-    "topk": ["topk:density=0.1", "topk:density=0.5", "topk:density=1", "topk:density=0.1,approx=1"],
+    "topk": ["topk:density=0.1", "topk:density=0.5", "topk:density=1", "topk:density=0.1,approx=1",
+             "topk:density=0.1,values=fp16", "topk:density=0.9,values=bf16"],
     "randomk": ["randomk:density=0.1", "randomk:density=0.5,seed=7"],
     "stc": ["stc:density=0.01", "stc:density=0.3", "stc:density=0.9"],
     "sign": ["sign", "sign:block=8", "sign:block=0", "sign:vote=majority"],

@@ -8,7 +8,8 @@ import torch.distributed as dist
 from ranks import run_ranks
 
 SPECS = ["identity", "fp16", "bf16", "sign", "sign:vote=majority", "qsgd:bits=4", "qsgd:bits=8,bucket=64",
-         "stc:density=0.05", "topk:density=0.05", "topk:density=0.05,approx=1", "randomk:density=0.2,seed=3"]
+         "stc:density=0.05", "topk:density=0.05", "topk:density=0.05,approx=1", "topk:density=0.05,values=fp16",
+         "randomk:density=0.2,seed=3"]
 
 
 def with_key(spec, key):

@@ -1,0 +1,43 @@
+// Position coding: k ascending element indices among n, as Golomb-Rice coded gaps
+// (Sattler et al., 2019) or as a bitmap, whichever is smaller. stc and compact topk
+// (values=fp16|bf16) send their positions this way.
+//
+// In a payload: u8 coding (0 Golomb-Rice gaps, 1 bitmap), u8 Golomb parameter b, u64
+// position bytes, then the positions. Golomb-Rice codes each gap g (the elements skipped
+// between two positions) as g >> b one-bits, a zero-bit, then the low b bits of g, with
+// b = 1 + ⌊log2(ln(φ − 1) / ln(1 − k/n))⌋; the bitmap sets bit i of ceil(n/8) bytes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "codec/wire.h"
+
+namespace gradzip {
+
+constexpr uint8_t kGolombPositions = 0, kBitmapPositions = 1;
+constexpr int kMaxGolombParameter = 40;
+constexpr size_t kPositionHeaderBytes = 10;  // coding, b, position bytes
+
+// The Golomb-Rice parameter for k positions among n (0 when k = 0 or k = n).
+int golomb_parameter(int64_t k, int64_t n);
+// The most position bytes (header excluded) that at most max_k positions among n take.
+uint64_t max_position_bytes(int64_t n, int64_t max_k);
+
+// Appends the position header and the positions of `chosen` (ascending, below n).
+void write_positions(wire::Writer& w, const std::vector<int64_t>& chosen, int64_t n);
+
+struct PositionLayout {
+  bool bitmap;
+  int golomb_parameter;
+  wire::Section bytes;
+};
+// Reads and checks the position header of k positions among n and takes their section.
+// Throws PayloadError.
+PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k);
+// Decodes the k positions of a checked layout into `indices` (ascending, below n, k of
+// them, every byte used); `r` names the payload in errors. Throws PayloadError.
+void read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n,
+                    std::vector<int64_t>& indices);
+
+}  // namespace gradzip
