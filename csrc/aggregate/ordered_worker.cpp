@@ -15,7 +15,11 @@ class JobWork final : public c10d::Work {
   std::exception_ptr exception() const override {
     return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
   }
-  std::vector<at::Tensor> result() override { return future_->value().toTensorVector(); }
+  // The result tensors, once the job is done (waits for it; raises its error).
+  std::vector<at::Tensor> result() override {
+    future_->waitAndThrow();
+    return future_->value().toTensorVector();
+  }
   bool wait(std::chrono::milliseconds timeout) override {
     if (timeout != kNoTimeout && !future_->completed()) {
       auto done = std::make_shared<std::pair<std::mutex, std::condition_variable>>();

@@ -24,9 +24,16 @@ bool CallSequenceIdentity::repeats_without_first(const Signature& signature) con
   return true;
 }
 
-void CallSequenceIdentity::start_step(const void* data) {
+bool CallSequenceIdentity::started_this_step(const at::Tensor& tensor) const {
+  return step_storage_ && !step_storage_->expired() &&
+         step_storage_->_unsafe_get_target() == tensor.storage().unsafeGetStorageImpl() &&
+         step_data_ == tensor.data_ptr();
+}
+
+void CallSequenceIdentity::start_step(const at::Tensor& tensor) {
   counts_.clear();
-  step_data_ = data;
+  step_storage_ = tensor.storage().getWeakStorageImpl();
+  step_data_ = tensor.data_ptr();
   ++step_;
   for (auto it = named_in_.begin(); it != named_in_.end();) {
     if (it->second < step_ - 2) {
@@ -45,18 +52,17 @@ std::vector<std::string> CallSequenceIdentity::take_expired() {
 
 std::string CallSequenceIdentity::key(const at::Tensor& tensor) {
   const Signature signature{static_cast<int>(tensor.scalar_type()), tensor.numel()};
-  const void* data = tensor.data_ptr();
   std::lock_guard<std::mutex> lock(mutex_);
   if (!started_) {
     started_ = true;
     first_ = signature;
-    step_data_ = data;
-  } else if (signature == first_ && (previous_ != first_ || !seen_other_ || data == step_data_)) {
-    start_step(data);
+    start_step(tensor);
+  } else if (signature == first_ && (previous_ != first_ || !seen_other_ || started_this_step(tensor))) {
+    start_step(tensor);
   } else if (signature != first_ && counts_.count(signature) && repeats_without_first(signature)) {
     first_ = signature;  // the first step's sequence is gone: name the repeating one from here
     seen_other_ = false;
-    start_step(data);
+    start_step(tensor);
   }
   if (history_.size() == kHistory) history_.erase(history_.begin(), history_.begin() + kHistory / 2);
   history_.push_back(signature);

@@ -7,12 +7,12 @@
 // the current step: "float:1000:0", "float:1000:1", ... A step starts at the first
 // call and again at every call whose dtype and count equal those of the group's
 // first call, when the call before it had another dtype or count, or no other dtype
-// and count has been seen yet (a loop over one tensor), or it is the very tensor (the
-// same data pointer) that started the current step: a loop over one tensor with other
-// all-reduces now and then (a DDP model of one bucket, whose buffer DDP keeps, with a
-// metric all-reduced after each epoch). Two tensors of the first call's size in one
-// step are told apart only while both are alive: a tensor freed and another allocated
-// at its address is taken for a new step.
+// and count has been seen yet (a loop over one tensor), or it is the very tensor that
+// started the current step, still alive (the same storage, not freed since, at the same
+// data pointer): a loop over one kept tensor with other all-reduces now and then (a DDP
+// model of one bucket, whose buffer DDP keeps, with a metric all-reduced after each
+// epoch). A tensor allocated afresh for each call never counts as the same one, even at
+// a freed one's address, so every rank names alike however its allocator reuses memory.
 //
 // The first step may differ from the rest: DDP rebuilds its buckets after its first
 // iteration, so the group's first signature may never come back. When it has not come
@@ -35,6 +35,7 @@
 
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,9 +61,12 @@ class CallSequenceIdentity {
   bool started_ = false;
   bool seen_other_ = false;
   Signature first_{}, previous_{};
-  const void* step_data_ = nullptr;  // the data pointer of the call that started this step
+  // The tensor that started this step: its storage (not kept alive) and data pointer.
+  std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> step_storage_;
+  const void* step_data_ = nullptr;
+  bool started_this_step(const at::Tensor& tensor) const;
   std::map<Signature, int64_t> counts_;  // calls per signature in the current step
-  void start_step(const void* data);
+  void start_step(const at::Tensor& tensor);
   int64_t step_ = 0;                         // steps started so far
   std::map<std::string, int64_t> named_in_;  // each live key's latest step
   std::vector<std::string> expired_;

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 
+#include <memory>
 #include <set>
 
 namespace gradzip {
@@ -39,6 +40,17 @@ TEST(CallSequenceIdentityTest, OneTensorInALoopWithOtherCallsNowAndThen) {
     keys(identity, {2, 3});
   }
   for (const auto& key : identity.take_expired()) EXPECT_NE(key, "Float:7:0");
+}
+
+// A tensor allocated afresh is never the step's first tensor, even where the allocator
+// hands out the freed one's address: every rank names alike.
+TEST(CallSequenceIdentityTest, AFreshTensorAtAFreedAddressIsAnother) {
+  CallSequenceIdentity identity;
+  keys(identity, {7, 3});
+  auto first = std::make_unique<at::Tensor>(at::empty({7}));
+  EXPECT_EQ(identity.key(*first), "Float:7:0");
+  first.reset();
+  EXPECT_EQ(identity.key(at::empty({7})), "Float:7:1");
 }
 
 // Live tensors of the first call's size inside a step that holds others too: told apart

@@ -21,15 +21,17 @@ def returns_before_the_others_arrive(rank, world):
     work = dist.all_reduce(x, async_op=True)
     returned = time.monotonic() - start
     done_at_return = work.is_completed()
+    result = work.result()  # waits for the job, as wait() does
     work.wait()
-    return returned, done_at_return, x
+    return returned, done_at_return, x, len(result) == 1 and result[0] is not None and torch.equal(result[0], x)
 
 
 def test_the_backend_returns_at_once():
     outs = run_ranks(returns_before_the_others_arrive, 2)
-    returned, done, x0 = outs[0]
+    returned, done, x0, _ = outs[0]
     assert returned < 0.5 and not done  # rank 0 got its Work while rank 1 still slept
     assert torch.equal(x0, outs[1][2])
+    assert all(result_is_x for *_, result_is_x in outs)
 
 
 def queued_against_one_by_one(rank, world):
