@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 
 NPROC ?= 4
 EPOCHS ?= 3
-SPEC ?= stc:density=0.01
+SPEC ?= stc:density=0.01,momentum=0.9,density_warmup=234,exchange=oneshot
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
 .PHONY: all deps build test test-cpp test-python sanitize fuzz demo bench clean
