@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -146,7 +147,11 @@ TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
     make_codec(spec)->encode(x.data(), n, nullptr, {}, good);
     bad = good;
     if (spec.name == "topk") std::swap(bad[25], bad[29]);  // the first two indices out of order
-    if (spec.name == "stc") bad[38] = 0xff;               // a Golomb run past the tensor
+    if (spec.name == "stc") {  // every position bit a one: a Golomb run past the tensor
+      uint64_t position_bytes;
+      std::memcpy(&position_bytes, bad.data() + 30, 8);
+      std::fill(bad.begin() + 38, bad.begin() + 38 + static_cast<int64_t>(position_bytes), uint8_t{0xff});
+    }
     if (spec.name == "qsgd") bad[24 + 4 * 2] = 0x77;      // two 4-bit codes of level 7 > s = 5
     bool threw = false;
     CudaArena arena;
@@ -164,6 +169,7 @@ TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
     } catch (const PayloadError&) {
       cpu_threw = true;
     }
+    ASSERT_TRUE(cpu_threw) << text << ": the corruption left a valid payload; the test checks nothing";
     try {
       device_decode_add(make_codec(spec)->id(), d_rows, stride, {good.size(), bad.size()}, d_sum, n, arena, nullptr);
     } catch (const RankPayloadError& e) {
