@@ -36,7 +36,8 @@ import torch.distributed as dist
 
 import gradzip
 
-SPECS = ["allreduce", "fp16", "topk:density=0.01", "stc:density=0.01", "sign", "qsgd:bits=4", "qsgd:bits=8"]
+SPECS = ["allreduce", "fp16", "topk:density=0.01", "topk:density=0.01,values=fp16", "stc:density=0.01", "sign",
+         "qsgd:bits=4", "qsgd:bits=8"]
 DEFAULT_NUMEL = 25_000_000  # fp32 gradient of ResNet-50
 UNCHECKED = "allreduce unchecked"
 DENSE = ("gloo", "allreduce", UNCHECKED)
