@@ -38,13 +38,14 @@ def test_collectives_benchmark_quick(tmp_path):
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["world_size"] == 2 and result["network"] == "loopback"
     methods = {row["method"]: row for row in result["rows"]}
-    assert set(methods) == {"gloo", "allreduce", "allreduce unchecked", "fp16", "topk:density=0.01", "stc:density=0.01", "sign",
-                            "qsgd:bits=4", "qsgd:bits=8"}
+    assert set(methods) == {"gloo", "allreduce", "allreduce unchecked", "fp16", "topk:density=0.01",
+                            "topk:density=0.01,values=fp16", "stc:density=0.01", "sign", "qsgd:bits=4", "qsgd:bits=8"}
     assert all(row["median_s"] > 0 for row in methods.values())
     # Bytes per rank, 2 ranks, 1M fp32: the ring sends 4 MB; STC at 1% well under 1% of that.
     assert methods["gloo"]["bytes_sent"] == methods["allreduce"]["bytes_sent"] == 4_000_000
     assert methods["allreduce unchecked"]["bytes_sent"] == 4_000_000
     assert methods["stc:density=0.01"]["bytes_sent"] < 40_000
+    assert methods["topk:density=0.01,values=fp16"]["bytes_sent"] < 0.5 * methods["topk:density=0.01"]["bytes_sent"]
     assert 8 < methods["sign"]["fewer_bytes_than_gloo"] < 32
     assert methods["gloo"]["exchange"] == "dense" and methods["sign"]["exchange"] in ("oneshot", "twophase")
     # On loopback the floor is memory traffic alone: none for the dense methods.
