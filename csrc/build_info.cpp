@@ -18,6 +18,14 @@ bool cuda_built() {
 #endif
 }
 
+bool mpi_built() {
+#ifdef GRADZIP_WITH_MPI
+  return true;
+#else
+  return false;
+#endif
+}
+
 std::vector<int> cuda_architectures() {
 #ifdef GRADZIP_WITH_CUDA
   return cuda::compiled_architectures();

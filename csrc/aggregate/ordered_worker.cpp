@@ -2,46 +2,9 @@
 
 #include <stdexcept>
 
+#include "aggregate/future_work.h"
+
 namespace gradzip {
-namespace {
-
-// A Work over a job's future whose wait() raises the job's error (c10d's Work over a
-// future waits without raising, so a failed all_reduce would pass for a done one).
-class JobWork final : public c10d::Work {
- public:
-  explicit JobWork(c10::intrusive_ptr<c10::ivalue::Future> future) : future_(std::move(future)) {}
-  bool isCompleted() override { return future_->completed(); }
-  bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
-  std::exception_ptr exception() const override {
-    return future_->completed() && future_->hasError() ? future_->exception_ptr() : nullptr;
-  }
-  // The result tensors, once the job is done (waits for it; raises its error).
-  std::vector<at::Tensor> result() override {
-    future_->waitAndThrow();
-    return future_->value().toTensorVector();
-  }
-  bool wait(std::chrono::milliseconds timeout) override {
-    if (timeout != kNoTimeout && !future_->completed()) {
-      auto done = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
-      future_->addCallback([done](c10::ivalue::Future&) {
-        std::lock_guard<std::mutex> lock(done->first);
-        done->second.notify_all();
-      });
-      std::unique_lock<std::mutex> lock(done->first);
-      const bool finished = done->second.wait_for(lock, timeout, [this] { return future_->completed(); });
-      TORCH_CHECK(finished, "gradzip: the all_reduce did not finish within Work.wait's timeout of ", timeout.count(),
-                  " ms (it goes on in the background)");
-    }
-    future_->waitAndThrow();
-    return true;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
-
- private:
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-};
-
-}  // namespace
 
 OrderedWorker::~OrderedWorker() {
   {
@@ -62,13 +25,13 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
       lock.unlock();
       Job now{std::move(job), std::move(tensors), future};
       run(now);
-      return c10::make_intrusive<JobWork>(future);
+      return c10::make_intrusive<FutureWork>(future);
     }
     jobs_.push_back({std::move(job), std::move(tensors), future});
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
   wake_.notify_one();
-  return c10::make_intrusive<JobWork>(future);
+  return c10::make_intrusive<FutureWork>(future);
 }
 
 void OrderedWorker::drain() {

@@ -5,33 +5,9 @@
 #include "c10d/call_sequence_identity.h"
 #include "c10d/checked_p2p.h"
 #include "c10d/collective_check.h"
+#include "c10d/split_sizes.h"
 
 namespace gradzip {
-namespace {
-
-int64_t rows_to_elements(const at::Tensor& t, int64_t rows) {
-  const int64_t total_rows = t.dim() == 0 ? 1 : t.size(0);
-  return total_rows == 0 ? 0 : rows * (t.numel() / total_rows);
-}
-
-// Elements sent to (or received from) each rank by all_to_all_single: the split
-// sizes count rows of dimension 0; no split sizes means equal parts.
-std::vector<int64_t> split_elements(const at::Tensor& t, const std::vector<int64_t>& splits, int size) {
-  std::vector<int64_t> out(size);
-  if (splits.empty()) {
-    const int64_t rows = t.dim() == 0 ? 1 : t.size(0);
-    TORCH_CHECK(rows % size == 0, "gradzip: all_to_all_single without split sizes needs dimension 0 (",
-                rows, ") divisible by the group size (", size, ")");
-    for (auto& e : out) e = rows_to_elements(t, rows / size);
-    return out;
-  }
-  TORCH_CHECK(static_cast<int>(splits.size()) == size, "gradzip: all_to_all_single got ", splits.size(),
-              " split sizes for a group of ", size, " ranks");
-  for (int i = 0; i < size; ++i) out[i] = rows_to_elements(t, splits[i]);
-  return out;
-}
-
-}  // namespace
 
 GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
                                c10::intrusive_ptr<c10d::Backend> cuda_transport, const BoundSpec& spec, bool validate,

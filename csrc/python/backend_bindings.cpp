@@ -4,41 +4,9 @@
 
 #include "c10d/gradzip_backend.h"
 #include "python/bindings.h"
+#include "python/gil_free_holder.h"
 
 namespace py = pybind11;
-
-namespace gradzip::python {
-namespace {
-
-// Holds a Backend for Python and drops it without the GIL: destroying the inner Gloo
-// backend joins its worker threads, which may need the GIL to free the tensors of
-// finished work; holding it here would deadlock. Same layout as c10::intrusive_ptr,
-// which pybind11 relies on when it hands the object to torch as a c10d::Backend.
-template <typename T>
-class GilFreeDestructorPtr {
- public:
-  GilFreeDestructorPtr() = default;
-  explicit GilFreeDestructorPtr(T* raw) : impl_(c10::intrusive_ptr<T>::unsafe_reclaim_from_nonowning(raw)) {}
-  GilFreeDestructorPtr(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}  // NOLINT: pybind11 converts
-  GilFreeDestructorPtr(const GilFreeDestructorPtr&) = default;
-  GilFreeDestructorPtr& operator=(const GilFreeDestructorPtr&) = default;
-  ~GilFreeDestructorPtr() {
-    if (impl_ && PyGILState_Check()) {
-      py::gil_scoped_release no_gil;
-      impl_.reset();
-    }
-  }
-  T* get() const { return impl_.get(); }
-
- private:
-  c10::intrusive_ptr<T> impl_;
-};
-static_assert(sizeof(GilFreeDestructorPtr<gradzip::Backend>) == sizeof(c10::intrusive_ptr<gradzip::Backend>));
-
-}  // namespace
-}  // namespace gradzip::python
-
-PYBIND11_DECLARE_HOLDER_TYPE(T, gradzip::python::GilFreeDestructorPtr<T>, true)
 
 namespace gradzip::python {
 

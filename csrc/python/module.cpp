@@ -16,8 +16,10 @@ PYBIND11_MODULE(_C, m) {
   gradzip::python::bind_aggregation(m);
   gradzip::python::bind_codec(m);
   gradzip::python::bind_topology(m);
+  gradzip::python::bind_mpi(m);
 
   m.def("built_torch_version", &gradzip::built_torch_version);
   m.def("cuda_built", &gradzip::cuda_built);
+  m.def("mpi_built", &gradzip::mpi_built);
   m.def("cuda_architectures", &gradzip::cuda_architectures);
 }

@@ -4,6 +4,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from . import mpi
 from ._extension import _C
 from .options import Options
 
@@ -25,18 +26,26 @@ def _create_backend(dist_opts, backend_options):
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(seconds=1800)
 
-    # The transports rendezvous under their own prefixes of this group's store.
-    gloo = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", dist_opts.store), rank, size, timeout)
-    gloo.options.global_ranks_in_group = dist_opts.global_ranks_in_group
-    gloo.options.group_name = dist_opts.group_id
+    # Gloo and NCCL rendezvous under their own prefixes of this group's store; over MPI,
+    # the communicator needs no store, and NCCL gets one whose address MPI carries.
+    store = dist_opts.store
+    over_mpi = options.resolved_transport() == "mpi"
+    if over_mpi:
+        cpu = mpi.create_transport(rank, size, dist_opts.global_ranks_in_group, timeout)
+    else:
+        cpu = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", store), rank, size, timeout)
+        cpu.options.global_ranks_in_group = dist_opts.global_ranks_in_group
+        cpu.options.group_name = dist_opts.group_id
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
+        if over_mpi:
+            store = mpi.rendezvous_store(cpu, rank, size, timeout)
         nccl_options = dist.ProcessGroupNCCL.Options()
         nccl_options._timeout = timeout
         nccl_options.global_ranks_in_group = dist_opts.global_ranks_in_group
         nccl_options.group_name = dist_opts.group_id
-        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", dist_opts.store), rank, size, nccl_options)
-    return _C.Backend(rank, size, gloo, nccl, spec, validate, timeout)
+        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
+    return _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
 
 
 def register():

@@ -8,6 +8,9 @@ import os
 
 import torch.distributed as dist
 
+from .mpi import resolve_transport, world_from_mpirun
+from .options import Options
+
 DEFAULT_MASTER_PORT = "29500"
 
 # launcher -> (rank, world size, local rank, node count or None)
@@ -47,7 +50,21 @@ def launch_environment(environ=None) -> dict:
 
 def init_process_group(backend: str = "gradzip", **kwargs):
     """dist.init_process_group after launch_environment(): the same script runs under
-    torchrun, mpirun and srun. Keyword arguments go to dist.init_process_group."""
+    torchrun, mpirun and srun. Keyword arguments go to dist.init_process_group.
+
+    A gradzip group whose transport is MPI (the default under Open MPI's mpirun, see
+    gradzip.mpi) and that is given no init_method or store rendezvouses over MPI: the
+    ranks come from mpirun, and no MASTER_ADDR or TCP store is needed. Such a job cannot
+    create Gloo groups of its own (they need a shared store)."""
+    if backend == "gradzip" and kwargs.get("init_method") is None and "store" not in kwargs:
+        options = kwargs.get("pg_options")
+        transport = options.transport if isinstance(options, Options) else None
+        if resolve_transport(transport) == "mpi":
+            rank, size = world_from_mpirun()
+            # torch.distributed insists on a store; the MPI transport never uses this one.
+            kwargs.update(store=dist.HashStore(), rank=rank, world_size=size)
+            dist.init_process_group(backend, **kwargs)
+            return
     found = launch_environment()
     by_env = kwargs.get("init_method") in (None, "env://") and "store" not in kwargs
     if by_env and ("rank" not in kwargs or "world_size" not in kwargs) and not {"RANK", "WORLD_SIZE"} <= set(found):

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from ._extension import _C
+from .mpi import resolve_transport
 
 SpecError = _C.SpecError  # a ValueError
 Spec = _C.Spec  # a spec string bound once: Spec("topk:density=0.01"); str(spec) is its canonical text
@@ -28,10 +29,14 @@ class Options:
         tensors of the same dtype and size (one small allgather), so a mismatch is an
         error on every rank instead of an aborted process or a hang. Default:
         ``$GRADZIP_VALIDATE``, else on.
+    transport: what carries CPU tensors: ``"mpi"`` (gradzip.mpi, over Open MPI) or
+        ``"gloo"``. Default: ``$GRADZIP_TRANSPORT``, else ``"mpi"`` under Open MPI's
+        mpirun when the MPI transport is built, else ``"gloo"``.
     """
 
     aggregation: Union[str, Spec, None] = None
     validate: Optional[bool] = None
+    transport: Optional[str] = None
 
     def resolved_spec(self) -> Spec:
         spec = self.aggregation if self.aggregation is not None else os.environ.get("GRADZIP_AGGREGATION")
@@ -46,6 +51,10 @@ class Options:
         if value in _FALSE:
             return False
         raise ValueError(f"GRADZIP_VALIDATE must be 1/0, true/false, on/off or yes/no, not {value!r}")
+
+
+    def resolved_transport(self) -> str:
+        return resolve_transport(self.transport)
 
 
 def bind_spec(spec) -> Spec:
