@@ -70,6 +70,23 @@ class RecvWork final : public c10d::Work {
   }
   int sourceRank() const override { return source_; }
   std::vector<at::Tensor> result() override { return {tensor_}; }
+  // Posts the data's receive as soon as the header is in, when the transport's work has
+  // a future (MPI's): a large send can complete only once its receive is posted, so a
+  // rank that waits for its sends before its receives would otherwise wait forever.
+  // Gloo's has none, and needs none: its sends complete unreceived; wait() posts it.
+  void post_data_when_header_arrives() {
+    c10::intrusive_ptr<c10::ivalue::Future> header;
+    try {
+      header = header_work_->getFuture();
+    } catch (const c10::Error&) {
+      return;
+    }
+    header->addCallback([self = c10::intrusive_ptr<RecvWork>::reclaim_copy(this)](c10::ivalue::Future& done) {
+      if (done.hasError()) return;
+      std::lock_guard<std::mutex> lock(self->mutex_);
+      if (!self->data_work_) self->post_data();
+    });
+  }
   bool wait(std::chrono::milliseconds timeout) override {
     header_work_->wait(timeout);
     c10::intrusive_ptr<c10d::Work> data;
@@ -147,7 +164,9 @@ c10::intrusive_ptr<c10d::Work> checked_send(const c10::intrusive_ptr<c10d::Backe
 
 c10::intrusive_ptr<c10d::Work> checked_recv(const c10::intrusive_ptr<c10d::Backend>& transport, at::Tensor tensor,
                                             int src_rank, int tag) {
-  return c10::make_intrusive<RecvWork>(transport, std::move(tensor), src_rank, tag);
+  auto work = c10::make_intrusive<RecvWork>(transport, std::move(tensor), src_rank, tag);
+  work->post_data_when_header_arrives();
+  return work;
 }
 
 }  // namespace gradzip

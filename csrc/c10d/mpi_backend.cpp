@@ -59,7 +59,8 @@ void check_reduce(c10d::ReduceOp reduce, at::ScalarType dtype, const char* op) {
     case R::PRODUCT:
       return;
     case R::AVG:
-      TORCH_CHECK(dtype != at::kBool, "gradzip mpi: ", op, " cannot average bool tensors");
+      TORCH_CHECK(at::isFloatingType(dtype) || at::isComplexType(dtype), "gradzip mpi: ", op,
+                  " averages floating-point tensors only (as Gloo does), not ", dtype);
       return;
     case R::MIN:
     case R::MAX:
@@ -283,13 +284,7 @@ void MpiBackend::reduce_rows(const at::Tensor& pieces, const at::Tensor& out, c1
       default: TORCH_CHECK(false, "gradzip mpi: unsupported reduce op");
     }
   }
-  if (reduce.op_ == R::AVG) {
-    if (at::isIntegralType(out.scalar_type(), /*includeBool=*/false)) {
-      out.div_(pieces.size(0), "trunc");
-    } else {
-      out.div_(pieces.size(0));
-    }
-  }
+  if (reduce.op_ == R::AVG) out.div_(pieces.size(0));
 }
 
 std::pair<std::vector<int>, std::vector<int>> MpiBackend::reduce_own_chunk(const char* op, const at::Tensor& flat,

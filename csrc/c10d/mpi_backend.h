@@ -13,7 +13,7 @@
 // combined over ranks in rank order (r0 op r1 op ...), on the rank that owns its chunk,
 // and then sent to the others. With two ranks that is Gloo's result bit for bit; with
 // more, a sum may round differently from Gloo's ring (same values, another order).
-// AVG is the sum divided by the group size (truncating for integers).
+// AVG (floating-point tensors) is the sum divided by the group size, as in Gloo.
 //
 // Every call waits at most the group's timeout (or the call's own): a rank that has
 // stopped, died or called another collective gives an error naming the call, and the

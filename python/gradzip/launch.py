@@ -56,6 +56,7 @@ def init_process_group(backend: str = "gradzip", **kwargs):
     gradzip.mpi) and that is given no init_method or store rendezvouses over MPI: the
     ranks come from mpirun, and no MASTER_ADDR or TCP store is needed. Such a job cannot
     create Gloo groups of its own (they need a shared store)."""
+    found = launch_environment()
     if backend == "gradzip" and kwargs.get("init_method") is None and "store" not in kwargs:
         options = kwargs.get("pg_options")
         transport = options.transport if isinstance(options, Options) else None
@@ -65,7 +66,6 @@ def init_process_group(backend: str = "gradzip", **kwargs):
             kwargs.update(store=dist.HashStore(), rank=rank, world_size=size)
             dist.init_process_group(backend, **kwargs)
             return
-    found = launch_environment()
     by_env = kwargs.get("init_method") in (None, "env://") and "store" not in kwargs
     if by_env and ("rank" not in kwargs or "world_size" not in kwargs) and not {"RANK", "WORLD_SIZE"} <= set(found):
         raise RuntimeError(
