@@ -1,7 +1,7 @@
 """all_reduce of a gradient: Gloo dense against gradzip's aggregations, in the same run.
 
     torchrun --standalone --nproc-per-node 4 benchmarks/collectives.py
-    mpirun -np 4 python benchmarks/collectives.py
+    mpirun -np 4 python benchmarks/collectives.py --transports gloo,mpi
     sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/collectives.py
 
 Every method is its own process group over the same ranks: "gloo" (dense, Gloo's own
@@ -12,7 +12,9 @@ size the calls go round the methods in turn, so drift in the machine's load hits
 alike. A call's time is the slowest rank's, after a barrier; the table gives the median
 over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
 2(P-1)/P x 4n bytes of a ring all-reduce), the exchange gradzip chose (auto: the fewest
-wire bytes) and the speedup over Gloo.
+wire bytes) and the speedup over Gloo. With --transports gloo,mpi (under mpirun), "mpi" is
+the MPI transport's own exact all-reduce (gradzip.mpi, unchecked) and every spec also
+runs over MPI ("SPEC @mpi").
 
 Floor: the time a method cannot beat on this machine, measured in the same run: its wire
 bytes over the link rate (--link-rate, or the rate netns.sh shaped; none on loopback)
@@ -40,7 +42,8 @@ SPECS = ["allreduce", "fp16", "topk:density=0.01", "topk:density=0.01,values=fp1
          "qsgd:bits=4", "qsgd:bits=8"]
 DEFAULT_NUMEL = 25_000_000  # fp32 gradient of ResNet-50
 UNCHECKED = "allreduce unchecked"
-DENSE = ("gloo", "allreduce", UNCHECKED)
+MPI_DENSE = "mpi"
+DENSE = ("gloo", "allreduce", UNCHECKED, MPI_DENSE)
 
 
 def time_call(fn, group):
@@ -108,6 +111,8 @@ def main():
     parser.add_argument("--specs", default=";".join(SPECS),
                         help="gradzip specs, separated by ';' (default: %(default)s)")
     parser.add_argument("--repetitions", type=int, default=5)
+    parser.add_argument("--transports", default="gloo",
+                        help="gloo, or gloo,mpi to run every method over the MPI transport too (under mpirun)")
     parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition (seconds)")
     parser.add_argument("--json", default="benchmarks/results/collectives.json")
     parser.add_argument("--link-rate", type=link_rate_bits, default=None,
@@ -122,10 +127,18 @@ def main():
     specs = [s for s in args.specs.split(";") if s]
     groups = {"gloo": dist.new_group(backend="gloo")}
     for spec in specs:
-        groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
+        groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec,
+                                                                                      transport="gloo"))
         if spec == "allreduce":
-            groups[UNCHECKED] = dist.new_group(backend="gradzip",
-                                               pg_options=gradzip.Options(aggregation=spec, validate=False))
+            groups[UNCHECKED] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
+                aggregation=spec, validate=False, transport="gloo"))
+    if "mpi" in args.transports.split(","):
+        groups[MPI_DENSE] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
+            aggregation="allreduce", validate=False, transport="mpi"))
+        for spec in specs:
+            if spec != "allreduce":
+                groups[f"{spec} @mpi"] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
+                    aggregation=spec, transport="mpi"))
     network = os.environ.get("GRADZIP_NETWORK", "loopback")
     link = args.link_rate or link_rate_bits(network)
 
@@ -140,7 +153,7 @@ def main():
         sent = {}
         for rep in range(args.repetitions + 1):  # the first round warms up connections and caches
             for name, group in groups.items():
-                if name != "gloo":
+                if name not in ("gloo", MPI_DENSE):
                     gradzip.reset_stats(group)
                 tensor = gradient.clone()
                 elapsed = time_call(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group), group)
@@ -148,12 +161,13 @@ def main():
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=groups["gloo"])
                 if rep > 0:
                     samples[name].append(slowest.item())
-                sent[name] = (2 * (world - 1) * numel * 4 // world if name == "gloo"
+                sent[name] = (2 * (world - 1) * numel * 4 // world if name in ("gloo", MPI_DENSE)
                               else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name in groups:
-            exchange = "dense" if name in DENSE else gradzip.exchange_plan(name, numel, world)["choice"]
-            memory = 0 if name in DENSE else memory_bytes(name, numel, world, exchange, sent[name])
+            spec = name.removesuffix(" @mpi")
+            exchange = "dense" if name in DENSE else gradzip.exchange_plan(spec, numel, world)["choice"]
+            memory = 0 if name in DENSE else memory_bytes(spec, numel, world, exchange, sent[name])
             floor = (sent[name] * 8 / link if link else 0.0) + memory / bandwidth
             rows.append({"method": name, "numel": numel, "median_s": medians[name], "bytes_sent": sent[name],
                          "exchange": exchange, "floor_s": floor, "memory_bytes": memory,

@@ -266,6 +266,12 @@ void MpiBackend::exchange(const char* op, const char* call, const Post& post) {
   }
 }
 
+at::Tensor MpiBackend::scratch(int64_t numel, const at::TensorOptions& options) {
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(c10::typeMetaToScalarType(options.dtype())));
+  if (!scratch_.defined() || scratch_.numel() < bytes) scratch_ = at::empty({bytes}, at::kByte);
+  return scratch_.narrow(0, 0, bytes).view(c10::typeMetaToScalarType(options.dtype()));
+}
+
 void MpiBackend::reduce_rows(const at::Tensor& pieces, const at::Tensor& out, c10d::ReduceOp reduce) const {
   using R = c10d::ReduceOp::RedOpType;
   at::Tensor result = out;  // the _out functions take a non-const reference
@@ -296,7 +302,7 @@ std::pair<std::vector<int>, std::vector<int>> MpiBackend::reduce_own_chunk(const
   for (int r = 0; r < size; ++r) counts[r] = static_cast<int>(n / size + (r < n % size ? 1 : 0));
   std::vector<int> offsets = offsets_of(counts, op);
   const int mine = counts[rank];
-  at::Tensor pieces = at::empty({size, mine}, flat.options());
+  const at::Tensor pieces = scratch(int64_t{size} * mine, flat.options()).view({size, mine});
   std::vector<int> piece_counts(size, mine), piece_offsets(size);
   for (int r = 0; r < size; ++r) piece_offsets[r] = r * mine;
   const MPI_Datatype type = type_of(flat);
@@ -549,7 +555,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::_reduce_scatter_base(at::Tensor& outp
   return collective("reduce_scatter_tensor", {output}, opts.timeout, [this, in, out, reduce] {
     const at::Tensor send = staged(in), receive = staged(out);
     const int m = static_cast<int>(receive.numel());
-    const at::Tensor pieces = at::empty({getSize(), m}, receive.options());
+    const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
     exchange("reduce_scatter_tensor", "MPI_Ialltoall", [&](MPI_Request* request) {
       return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_, request);
     });
@@ -573,7 +579,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::reduce_scatter(std::vector<at::Tensor
   return collective("reduce_scatter", outputs, opts.timeout, [this, out, ins, reduce] {
     const at::Tensor send = flat_cat(ins), receive = staged(out);
     const int m = static_cast<int>(receive.numel());
-    const at::Tensor pieces = at::empty({getSize(), m}, receive.options());
+    const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
     exchange("reduce_scatter", "MPI_Ialltoall", [&](MPI_Request* request) {
       return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_, request);
     });
@@ -599,7 +605,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::reduce_scatter_tensor_coalesced(std::
     for (size_t i = 0; i < ins.size(); ++i) {
       const at::Tensor send = staged(ins[i]), receive = staged(outs[i]);
       const int m = static_cast<int>(receive.numel());
-      const at::Tensor pieces = at::empty({getSize(), m}, receive.options());
+      const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
       exchange("reduce_scatter_tensor_coalesced", "MPI_Ialltoall", [&](MPI_Request* request) {
         return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_,
                              request);

@@ -119,6 +119,9 @@ class MpiBackend final : public c10d::Backend {
   void allreduce_flat(const char* op, const at::Tensor& flat, c10d::ReduceOp reduce);
   // `out` := the rank-ordered reduction of `pieces`' rows (pieces[r] came from rank r).
   void reduce_rows(const at::Tensor& pieces, const at::Tensor& out, c10d::ReduceOp reduce) const;
+  // `numel` elements of scratch memory, kept from call to call (fresh pages cost a fault
+  // each); the worker thread's only, valid until its next call.
+  at::Tensor scratch(int64_t numel, const at::TensorOptions& options);
   c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, at::Tensor tensor, int peer, int tag, bool receive);
   void complete_point_to_point();
   void check_usable(const char* op) const;
@@ -129,6 +132,7 @@ class MpiBackend final : public c10d::Backend {
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
   mpi::Clock::time_point deadline_;  // of the collective the worker runs
+  at::Tensor scratch_;                // bytes, see scratch()
   mutable std::mutex broken_mutex_;
   std::string broken_;  // why the communicator is unusable; empty while it is usable
   std::atomic<bool> closed_{false};
