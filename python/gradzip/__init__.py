@@ -2,7 +2,7 @@
 
 ``import gradzip`` registers the torch.distributed backend ``"gradzip"`` (devices cpu
 and cuda). Its ``all_reduce`` runs the configured aggregation; every other collective
-is forwarded, exactly, to Gloo (CPU tensors) or NCCL (CUDA tensors). The same
+is forwarded, exactly, to Gloo or MPI (CPU tensors; gradzip.mpi) or NCCL (CUDA tensors). The same
 aggregations serve a DDP comm hook (gradzip.hooks), whole models (gradzip.Aggregation,
 also for decentralized gossip over a gradzip.Topology) and code that moves bytes itself
 (gradzip.codec).
@@ -18,7 +18,7 @@ from .launch import init_process_group, launch_environment
 from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, stats
-from . import codec, diloco, fsdp, hooks
+from . import codec, diloco, fsdp, hooks, mpi
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
 from .codec import PayloadError
@@ -40,6 +40,6 @@ register()
 
 __all__ = [
     "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
-    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "register",
+    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "mpi", "register",
     "reset_stats", "stats",
 ]

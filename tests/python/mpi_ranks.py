@@ -298,6 +298,12 @@ def no_store():
     t = torch.full((5,), float(rank))
     dist.all_reduce(t)
     assert torch.equal(t, torch.full((5,), float(sum(range(size)))))
+    # The store NCCL would rendezvous through, its address carried over MPI.
+    transport = gradzip._transport.transport_of(None, torch.device("cpu"))
+    store = gradzip.mpi.rendezvous_store(transport, rank, size, timedelta(seconds=30))
+    store.set(f"rank{rank}", str(rank * 7))
+    assert [int(store.get(f"rank{r}")) for r in range(size)] == [7 * r for r in range(size)]
+    dist.barrier()
     dist.destroy_process_group()
     return rank
 
