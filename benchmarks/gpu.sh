@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: build gradzip with its CUDA kernels, run every test that
-# needs the GPU (a skip there is a failure), print ptxas's resource report, then
-# benchmark the kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/).
+# needs the GPU (a skip there is a failure), run them again under compute-sanitizer
+# (memcheck, racecheck, synccheck), print ptxas's resource report, then benchmark the kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/).
 #
 #   benchmarks/gpu.sh            # the full benchmark (1M, 10M, 100M elements)
 #   benchmarks/gpu.sh --quick    # smaller sizes
@@ -9,6 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 make deps
+# nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them.
+command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; exit 1; }
 PYTHON=${GRADZIP_VENV:-$PWD/.venv}/bin/python
 "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")'
 
@@ -25,5 +28,10 @@ skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | grep -c '^\
 [ "$skipped" = 0 ] || { echo "gpu.sh: GPU GoogleTests skipped on a GPU machine"; exit 1; }
 "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log
 ! grep -q "skipped" build/test_cuda.log || { echo "gpu.sh: GPU pytest cases skipped on a GPU machine"; exit 1; }
+
+# Every GPU GoogleTest under each of compute-sanitizer's tools; any report fails the run.
+for tool in memcheck racecheck synccheck; do
+  compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
+done
 
 "$PYTHON" benchmarks/cuda_kernels.py "$@"

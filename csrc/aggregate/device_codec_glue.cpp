@@ -63,6 +63,9 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
   TORCH_CHECK(gathered.device() == sum.device() && gathered.scalar_type() == at::kByte && gathered.is_contiguous(),
               "gradzip: the payloads must be a contiguous uint8 tensor on ", sum.device());
   TORCH_CHECK(stride % 8 == 0, "gradzip: payload rows must be a multiple of 8 bytes apart, got ", stride);
+  // The sign and QSGD decoders load 32-bit words, the headers 64-bit ones.
+  TORCH_CHECK(reinterpret_cast<uintptr_t>(gathered.data_ptr()) % 8 == 0,
+              "gradzip: the payload buffer must start on an 8-byte boundary");
   for (size_t r = 0; r < sizes.size(); ++r) {
     TORCH_CHECK(sizes[r] <= static_cast<size_t>(stride) &&
                     static_cast<int64_t>(r) * stride + static_cast<int64_t>(sizes[r]) <= gathered.numel(),

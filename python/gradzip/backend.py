@@ -35,7 +35,7 @@ def _create_backend(dist_opts, backend_options):
     else:
         cpu = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", store), rank, size, timeout)
         cpu.options.global_ranks_in_group = dist_opts.global_ranks_in_group
-        cpu.options.group_name = dist_opts.group_id
+        cpu.options.group_name = f"{dist_opts.group_id}/gradzip-gloo"  # its logs tell it from a gloo group
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         if over_mpi:
@@ -43,7 +43,7 @@ def _create_backend(dist_opts, backend_options):
         nccl_options = dist.ProcessGroupNCCL.Options()
         nccl_options._timeout = timeout
         nccl_options.global_ranks_in_group = dist_opts.global_ranks_in_group
-        nccl_options.group_name = dist_opts.group_id
+        nccl_options.group_name = f"{dist_opts.group_id}/gradzip-nccl"
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
     return _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
 

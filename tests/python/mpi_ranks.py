@@ -10,6 +10,9 @@ ddp           DDP over gradzip-on-MPI bitwise equal to DDP over Gloo (two ranks)
 compressed    compressed aggregations (both exchanges), gossip and CHOCO over MPI: bitwise
               equal to the same over Gloo
 no_store      gradzip.init_process_group() under mpirun with no MASTER_ADDR: MPI, no store
+adopted       MPI initialized before gradzip (as mpi4py does): adopted, and left for its
+              owner to finalize
+funneled      MPI initialized with MPI_THREAD_FUNNELED: a clear refusal
 errors        bad calls give errors that name the problem, and the group stays usable
 stopped_rank  rank 1 stops itself; the others get a timeout error naming the call
 killed_rank   rank 1 kills itself; mpirun ends the job
@@ -306,6 +309,43 @@ def no_store():
     dist.barrier()
     dist.destroy_process_group()
     return rank
+
+
+def init_mpi_by_hand(level):
+    """MPI_Init_thread through ctypes, as mpi4py would; returns the library."""
+    import ctypes
+    import ctypes.util
+
+    library = ctypes.CDLL(ctypes.util.find_library("mpi") or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
+    provided = ctypes.c_int(-1)
+    assert library.MPI_Init_thread(None, None, level, ctypes.byref(provided)) == 0
+    assert provided.value == level, provided.value
+    return library
+
+
+def adopted():
+    library = init_mpi_by_hand(3)  # MPI_THREAD_MULTIPLE
+    rank, size = init()
+    t = torch.full((3,), float(rank))
+    dist.all_reduce(t)
+    assert t[0].item() == sum(range(size))
+    dist.destroy_process_group()
+    gradzip._C.mpi_finish()  # releases gradzip's communicators; MPI stays up for its owner
+    import ctypes
+    finalized = ctypes.c_int(-1)
+    library.MPI_Finalized(ctypes.byref(finalized))
+    assert finalized.value == 0, "gradzip finalized an MPI it did not initialize"
+    assert library.MPI_Finalize() == 0
+    return rank
+
+
+def funneled():
+    init_mpi_by_hand(1)  # MPI_THREAD_FUNNELED
+    expect_error(init, "MPI offers MPI_THREAD_FUNNELED", "at least MPI_THREAD_SERIALIZED")
+    import ctypes.util
+
+    ctypes.CDLL(ctypes.util.find_library("mpi") or "libmpi.so.40").MPI_Finalize()
+    return int(os.environ["OMPI_COMM_WORLD_RANK"])
 
 
 def expect_error(fn, *fragments):

@@ -65,6 +65,12 @@ def test_under_mpirun_no_master_addr_or_store_is_needed():
     assert status == 0 and passed_ranks(output) == {0, 1}, output
 
 
+@pytest.mark.parametrize("scenario", ["adopted", "funneled"])
+def test_an_mpi_initialized_before_gradzip(scenario):
+    status, output, _ = mpirun(scenario, 2)
+    assert status == 0 and passed_ranks(output) == {0, 1}, output
+
+
 def test_bad_calls_give_errors_that_name_the_problem():
     status, output, _ = mpirun("errors", 3)
     assert status == 0 and passed_ranks(output) == {0, 1, 2}, output
