@@ -1,11 +1,18 @@
-"""Runs a test function on real ranks: one spawned process per rank on this machine.
+"""Runs a test function on real ranks: one process per rank on this machine.
 
 run_ranks(fn, world_size, *args) calls fn(rank, world_size, *args) in every rank with
 RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT set, and returns the values
 the ranks returned, in rank order. A rank that raises fails the call with its traceback;
 ranks that have not finished within `timeout` seconds (15 s after another rank failed)
 are killed and the call fails: a test never hangs.
+
+The rank processes are spawned once per world size and kept for the next call (starting
+a rank, mostly importing torch, is most of a short test's time on two cores). Each call
+starts like a fresh process: its own MASTER_PORT, the environment as it was plus `env`,
+torch's default generator at its initial seed, no process group (destroyed after every
+call). A call that fails in any way ends the processes; the next call spawns new ones.
 """
+import atexit
 import io
 import multiprocessing
 import os
@@ -21,33 +28,76 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(fn, rank, world_size, port, args, env, results):
-    os.environ.update(env)
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+def _rank_loop(rank, world_size, tasks, results):
+    os.environ.update(OMP_NUM_THREADS="1")
     import torch
     import torch.distributed as dist
-    try:
-        # Results travel as torch.save bytes: a tensor put on the queue directly would be
-        # shared through memory that disappears when this process exits.
-        value = io.BytesIO()
-        torch.save(fn(rank, world_size, *args), value)
-        results.put((rank, True, value.getvalue()))
-    except BaseException:  # noqa: B902 - every failure goes back to the test
-        results.put((rank, False, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    initial_seed = torch.initial_seed()
+    while True:
+        task = tasks.get()
+        if task is None:
+            return
+        fn, port, args, env = task
+        saved = dict(os.environ)
+        os.environ.update(env)
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        torch.manual_seed(initial_seed)
+        try:
+            # Results travel as torch.save bytes: a tensor put on the queue directly would be
+            # shared through memory that disappears when this process exits.
+            value = io.BytesIO()
+            torch.save(fn(rank, world_size, *args), value)
+            results.put((rank, True, value.getvalue()))
+        except BaseException:  # noqa: B902 - every failure goes back to the test
+            results.put((rank, False, traceback.format_exc()))
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+            os.environ.clear()
+            os.environ.update(saved)
+
+
+class _Ranks:
+    """world_size processes running _rank_loop."""
+
+    def __init__(self, world_size):
+        ctx = multiprocessing.get_context("spawn")
+        self.results = ctx.Queue()
+        self.tasks = [ctx.Queue() for _ in range(world_size)]
+        self.procs = [ctx.Process(target=_rank_loop, args=(r, world_size, self.tasks[r], self.results))
+                      for r in range(world_size)]
+        for p in self.procs:
+            p.start()
+
+    def close(self, kill):
+        for q, p in zip(self.tasks, self.procs):
+            if not kill and p.is_alive():
+                q.put(None)
+        for p in self.procs:
+            if not kill:
+                p.join(timeout=30)
+            if p.is_alive():
+                p.kill()
+            p.join()
+
+
+_kept = {}
+
+
+@atexit.register
+def _close_all():
+    for ranks in _kept.values():
+        ranks.close(kill=False)
+    _kept.clear()
 
 
 def run_ranks(fn, world_size, *args, timeout=240, env=None):
-    ctx = multiprocessing.get_context("spawn")
-    results = ctx.Queue()
+    ranks = _kept.pop(world_size, None) or _Ranks(world_size)
     port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world_size, port, args, env or {}, results))
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
+    for q in ranks.tasks:
+        q.put((fn, port, args, env or {}))
+    procs, results = ranks.procs, ranks.results
     outcome, deadline, problems = {}, time.monotonic() + timeout, []
     try:
         while len(outcome) < world_size:
@@ -73,13 +123,11 @@ def run_ranks(fn, world_size, *args, timeout=240, env=None):
                         problems.append(f"ranks {dead} died with exit codes {[procs[r].exitcode for r in dead]}")
                         break
     finally:
-        finished = len(outcome) == world_size
-        for p in procs:
-            if finished:
-                p.join(timeout=30)
-            if p.is_alive():
-                p.kill()
-            p.join()
+        clean = len(outcome) == world_size and all(ok for ok, _ in outcome.values())
+        if clean:
+            _kept[world_size] = ranks
+        else:
+            ranks.close(kill=True)
     problems += [f"--- rank {r} ---\n{value}" for r, (ok, value) in sorted(outcome.items()) if not ok]
     if problems:
         raise AssertionError("\n".join(problems))
