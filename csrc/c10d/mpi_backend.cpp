@@ -99,6 +99,20 @@ void flat_split(const at::Tensor& flat, const std::vector<at::Tensor>& tensors) 
   }
 }
 
+// The root's list of `size` tensors like `like` (gather's outputs, scatter's inputs);
+// the other ranks pass none.
+std::vector<at::Tensor> root_list(const std::vector<std::vector<at::Tensor>>& lists, bool is_root, int size,
+                                  const at::Tensor& like, const char* op, const char* what) {
+  if (!is_root) {
+    TORCH_CHECK(lists.empty() || lists[0].empty(), "gradzip mpi: ", op, " takes ", what, "s on the root only");
+    return {};
+  }
+  TORCH_CHECK(lists.size() == 1 && static_cast<int>(lists[0].size()) == size, "gradzip mpi: ", op,
+              "'s root needs one ", what, " list of ", size, " tensors");
+  for (const auto& t : lists[0]) check_same(t, like, like.numel(), op, what);
+  return lists[0];
+}
+
 MPI_Datatype type_of(const at::Tensor& t) { return mpi::element_type(t.element_size()); }
 
 std::vector<int> offsets_of(const std::vector<int>& counts, const char* op) {
@@ -323,6 +337,23 @@ void MpiBackend::allreduce_flat(const char* op, const at::Tensor& flat, c10d::Re
   });
 }
 
+void MpiBackend::reduce_scatter_flat(const char* op, const at::Tensor& send, const at::Tensor& receive,
+                                     c10d::ReduceOp reduce) {
+  const int m = static_cast<int>(receive.numel());
+  const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
+  exchange(op, "MPI_Ialltoall", [&](MPI_Request* request) {
+    return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_, request);
+  });
+  reduce_rows(pieces, receive.view({-1}), reduce);
+}
+
+void MpiBackend::allgather_flat(const char* op, const at::Tensor& send, const at::Tensor& receive) {
+  const int n = static_cast<int>(send.numel());
+  exchange(op, "MPI_Iallgather", [&](MPI_Request* request) {
+    return MPI_Iallgather(send.data_ptr(), n, type_of(send), receive.data_ptr(), n, type_of(send), comm_, request);
+  });
+}
+
 c10::intrusive_ptr<c10d::Work> MpiBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                      const c10d::BroadcastOptions& opts) {
   check_one(tensors, "broadcast");
@@ -399,11 +430,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::_allgather_base(at::Tensor& output, a
   const at::Tensor in = input, out = output;
   return collective("all_gather_into_tensor", {output}, opts.timeout, [this, in, out] {
     const at::Tensor send = staged(in), receive = staged(out);
-    exchange("all_gather_into_tensor", "MPI_Iallgather", [&](MPI_Request* request) {
-      const int n = static_cast<int>(send.numel());
-      return MPI_Iallgather(send.data_ptr(), n, type_of(send), receive.data_ptr(), n, type_of(send), comm_,
-                            request);
-    });
+    allgather_flat("all_gather_into_tensor", send, receive);
     unstage(receive, out);
   });
 }
@@ -421,11 +448,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::allgather(std::vector<std::vector<at:
   return collective("all_gather", outs, opts.timeout, [this, in, outs] {
     const at::Tensor send = staged(in);
     const at::Tensor receive = at::empty({send.numel() * getSize()}, send.options());
-    exchange("all_gather", "MPI_Iallgather", [&](MPI_Request* request) {
-      const int n = static_cast<int>(send.numel());
-      return MPI_Iallgather(send.data_ptr(), n, type_of(send), receive.data_ptr(), n, type_of(send), comm_,
-                            request);
-    });
+    allgather_flat("all_gather", send, receive);
     flat_split(receive, outs);
   });
 }
@@ -453,10 +476,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::allgather_coalesced(std::vector<std::
     const at::Tensor send = flat_cat(ins);
     const int n = count_of(send.numel() * getSize(), "all_gather_coalesced") / getSize();
     const at::Tensor receive = at::empty({send.numel() * getSize()}, send.options());
-    exchange("all_gather_coalesced", "MPI_Iallgather", [&](MPI_Request* request) {
-      return MPI_Iallgather(send.data_ptr(), n, type_of(send), receive.data_ptr(), n, type_of(send), comm_,
-                            request);
-    });
+    allgather_flat("all_gather_coalesced", send, receive);
     for (int r = 0; r < getSize(); ++r) flat_split(receive.narrow(0, int64_t{r} * n, n), outs[r]);
   });
 }
@@ -475,11 +495,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::allgather_into_tensor_coalesced(std::
   return collective("all_gather_into_tensor_coalesced", outputs, opts.timeout, [this, ins, outs] {
     for (size_t i = 0; i < ins.size(); ++i) {
       const at::Tensor send = staged(ins[i]), receive = staged(outs[i]);
-      exchange("all_gather_into_tensor_coalesced", "MPI_Iallgather", [&](MPI_Request* request) {
-        const int n = static_cast<int>(send.numel());
-        return MPI_Iallgather(send.data_ptr(), n, type_of(send), receive.data_ptr(), n, type_of(send), comm_,
-                              request);
-      });
+      allgather_flat("all_gather_into_tensor_coalesced", send, receive);
       unstage(receive, outs[i]);
     }
   });
@@ -491,15 +507,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::gather(std::vector<std::vector<at::Te
   const int root = static_cast<int>(opts.rootRank);
   check_rank(root, getSize(), "gather", "root");
   const bool is_root = getRank() == root;
-  std::vector<at::Tensor> outs;
-  if (is_root) {
-    TORCH_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(),
-                "gradzip mpi: gather's root needs one output list of ", getSize(), " tensors");
-    outs = outputs[0];
-    for (const auto& o : outs) check_same(o, inputs[0], inputs[0].numel(), "gather", "output");
-  } else {
-    TORCH_CHECK(outputs.empty() || outputs[0].empty(), "gradzip mpi: gather takes outputs on the root only");
-  }
+  const std::vector<at::Tensor> outs = root_list(outputs, is_root, getSize(), inputs[0], "gather", "output");
   count_of(inputs[0].numel() * getSize(), "gather");
   const at::Tensor in = inputs[0];
   return collective("gather", outs, opts.timeout, [this, in, outs, root, is_root] {
@@ -521,15 +529,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::scatter(std::vector<at::Tensor>& outp
   const int root = static_cast<int>(opts.rootRank);
   check_rank(root, getSize(), "scatter", "root");
   const bool is_root = getRank() == root;
-  std::vector<at::Tensor> ins;
-  if (is_root) {
-    TORCH_CHECK(inputs.size() == 1 && static_cast<int>(inputs[0].size()) == getSize(),
-                "gradzip mpi: scatter's root needs one input list of ", getSize(), " tensors");
-    ins = inputs[0];
-    for (const auto& i : ins) check_same(i, outputs[0], outputs[0].numel(), "scatter", "input");
-  } else {
-    TORCH_CHECK(inputs.empty() || inputs[0].empty(), "gradzip mpi: scatter takes inputs on the root only");
-  }
+  const std::vector<at::Tensor> ins = root_list(inputs, is_root, getSize(), outputs[0], "scatter", "input");
   count_of(outputs[0].numel() * getSize(), "scatter");
   const at::Tensor out = outputs[0];
   return collective("scatter", outputs, opts.timeout, [this, out, ins, root, is_root] {
@@ -554,12 +554,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::_reduce_scatter_base(at::Tensor& outp
   const c10d::ReduceOp reduce = opts.reduceOp;
   return collective("reduce_scatter_tensor", {output}, opts.timeout, [this, in, out, reduce] {
     const at::Tensor send = staged(in), receive = staged(out);
-    const int m = static_cast<int>(receive.numel());
-    const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
-    exchange("reduce_scatter_tensor", "MPI_Ialltoall", [&](MPI_Request* request) {
-      return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_, request);
-    });
-    reduce_rows(pieces, receive.view({-1}), reduce);
+    reduce_scatter_flat("reduce_scatter_tensor", send, receive, reduce);
     unstage(receive, out);
   });
 }
@@ -578,12 +573,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::reduce_scatter(std::vector<at::Tensor
   const c10d::ReduceOp reduce = opts.reduceOp;
   return collective("reduce_scatter", outputs, opts.timeout, [this, out, ins, reduce] {
     const at::Tensor send = flat_cat(ins), receive = staged(out);
-    const int m = static_cast<int>(receive.numel());
-    const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
-    exchange("reduce_scatter", "MPI_Ialltoall", [&](MPI_Request* request) {
-      return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_, request);
-    });
-    reduce_rows(pieces, receive.view({-1}), reduce);
+    reduce_scatter_flat("reduce_scatter", send, receive, reduce);
     unstage(receive, out);
   });
 }
@@ -604,13 +594,7 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::reduce_scatter_tensor_coalesced(std::
   return collective("reduce_scatter_tensor_coalesced", outputs, opts.timeout, [this, ins, outs, reduce] {
     for (size_t i = 0; i < ins.size(); ++i) {
       const at::Tensor send = staged(ins[i]), receive = staged(outs[i]);
-      const int m = static_cast<int>(receive.numel());
-      const at::Tensor pieces = scratch(int64_t{getSize()} * m, receive.options()).view({getSize(), m});
-      exchange("reduce_scatter_tensor_coalesced", "MPI_Ialltoall", [&](MPI_Request* request) {
-        return MPI_Ialltoall(send.data_ptr(), m, type_of(send), pieces.data_ptr(), m, type_of(send), comm_,
-                             request);
-      });
-      reduce_rows(pieces, receive.view({-1}), reduce);
+      reduce_scatter_flat("reduce_scatter_tensor_coalesced", send, receive, reduce);
       unstage(receive, outs[i]);
     }
   });

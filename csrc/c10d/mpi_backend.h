@@ -117,6 +117,12 @@ class MpiBackend final : public c10d::Backend {
                                                                  c10d::ReduceOp reduce);
   // `flat` (1-D, contiguous) := the rank-ordered reduction of every rank's `flat`.
   void allreduce_flat(const char* op, const at::Tensor& flat, c10d::ReduceOp reduce);
+  // `receive` (contiguous, m elements) := the rank-ordered reduction of block `rank` of
+  // every rank's `send` (contiguous, P blocks of m).
+  void reduce_scatter_flat(const char* op, const at::Tensor& send, const at::Tensor& receive,
+                           c10d::ReduceOp reduce);
+  // `receive` (contiguous) := every rank's `send` (contiguous, the same size), in rank order.
+  void allgather_flat(const char* op, const at::Tensor& send, const at::Tensor& receive);
   // `out` := the rank-ordered reduction of `pieces`' rows (pieces[r] came from rank r).
   void reduce_rows(const at::Tensor& pieces, const at::Tensor& out, c10d::ReduceOp reduce) const;
   // `numel` elements of scratch memory, kept from call to call (fresh pages cost a fault
