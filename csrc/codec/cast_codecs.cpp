@@ -19,9 +19,7 @@ class IdentityCodec final : public ValueCodec {
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "identity");
-    r.header(id(), n);
-    const uint8_t* values = r.at(r.take(static_cast<uint64_t>(n) * 4, "values"));
-    r.finish();
+    const uint8_t* values = r.at(read_cast_layout(r, id(), n));
     for (int64_t i = 0; i < n; ++i) {
       float v;
       std::memcpy(&v, values + 4 * i, 4);
@@ -70,9 +68,7 @@ class HalfCodec final : public ValueCodec {
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, kId == CodecId::kFp16 ? "fp16" : "bf16");
-    r.header(id(), n);
-    const uint8_t* values = r.at(r.take(static_cast<uint64_t>(n) * 2, "values"));
-    r.finish();
+    const uint8_t* values = r.at(read_cast_layout(r, id(), n));
     int64_t i = kId == CodecId::kFp16 && kHasF16c ? add_half_f16c(values, n, scale, out) : 0;
     for (; i < n; ++i) {
       uint16_t h;
@@ -100,7 +96,7 @@ float from_bf16(uint16_t b) { return math::bf16_to_float(b); }
 
 // A record for a codec without keys: its parameters are its id alone.
 template <CodecId kId, typename CastCodec>
-CodecRecord cast_record(std::string name, std::string summary) {
+CodecRecord cast_record(std::string name, std::string summary, const DeviceHalf* device) {
   return {kId,
           std::move(name),
           std::move(summary),
@@ -111,26 +107,34 @@ CodecRecord cast_record(std::string name, std::string summary) {
             return p;
           },
           [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<CastCodec>(p); },
-          nullptr};
+          device};
 }
 
 }  // namespace
 
+wire::Section read_cast_layout(wire::Reader& r, CodecId id, int64_t n) {
+  r.header(id, n);
+  const wire::Section values = r.take(static_cast<uint64_t>(n) * (id == CodecId::kIdentity ? 4 : 2), "values");
+  r.finish();
+  return values;
+}
+
 const CodecRecord& identity_record() {
   static const CodecRecord record =
-      cast_record<CodecId::kIdentity, IdentityCodec>("identity", "every element as fp32 (no compression)");
+      cast_record<CodecId::kIdentity, IdentityCodec>("identity", "every element as fp32 (no compression)",
+                                                     GRADZIP_DEVICE_HALF(kIdentityDevice));
   return record;
 }
 
 const CodecRecord& fp16_record() {
   static const CodecRecord record = cast_record<CodecId::kFp16, HalfCodec<CodecId::kFp16, to_half, from_half>>(
-      "fp16", "every element as IEEE half (2 bytes)");
+      "fp16", "every element as IEEE half (2 bytes)", GRADZIP_DEVICE_HALF(kFp16Device));
   return record;
 }
 
 const CodecRecord& bf16_record() {
   static const CodecRecord record = cast_record<CodecId::kBf16, HalfCodec<CodecId::kBf16, to_bf16, from_bf16>>(
-      "bf16", "every element as bfloat16 (2 bytes)");
+      "bf16", "every element as bfloat16 (2 bytes)", GRADZIP_DEVICE_HALF(kBf16Device));
   return record;
 }
 
