@@ -24,7 +24,10 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
               cpu_->getRank(), " of ", cpu_->getSize(), ", the backend rank ", rank, " of ", size);
   TORCH_CHECK(!cuda_ || (cuda_->getRank() == rank && cuda_->getSize() == size),
               "gradzip: the CUDA transport's rank and size differ from the backend's");
-  if (validate) check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
+  if (validate) {
+    check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
+    receives_ = std::make_unique<CheckedReceives>();
+  }
 }
 
 GradzipBackend::~GradzipBackend() = default;
@@ -281,7 +284,7 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::recv(std::vector<at::Tensor>& ten
   worker_.drain();
   const auto& transport = transport_for(tensors, "recv");
   if (check_ && tensors.size() == 1 && tensors.front().is_cpu()) {
-    return checked_recv(transport, tensors.front(), src_rank, tag);
+    return receives_->recv(transport, tensors.front(), src_rank, tag);
   }
   return transport->recv(tensors, src_rank, tag);
 }
@@ -290,7 +293,7 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::recvAnysource(std::vector<at::Ten
   worker_.drain();
   const auto& transport = transport_for(tensors, "recv");
   if (check_ && tensors.size() == 1 && tensors.front().is_cpu()) {
-    return checked_recv(transport, tensors.front(), -1, tag);
+    return receives_->recv(transport, tensors.front(), -1, tag);
   }
   return transport->recvAnysource(tensors, tag);
 }

@@ -209,6 +209,16 @@ def check_point_to_point(rank, size):
         assert work._source_rank() == size - 1
     elif rank == size - 1:
         dist.send(torch.arange(12.0).reshape(3, 4), 0)
+    # Receives from one rank with one tag, outstanding at once, waited for in reverse.
+    messages = [torch.arange(5.0), torch.arange(3, dtype=torch.int64), torch.full((1 << 18,), 2.5)]
+    if rank == 0:
+        for w in [dist.isend(m, 1, tag=4) for m in messages]:
+            w.wait()
+    elif rank == 1:
+        into = [torch.empty_like(m) for m in messages]
+        for w in reversed([dist.irecv(t, 0, tag=4) for t in into]):
+            w.wait()
+        assert all(torch.equal(a, b) for a, b in zip(into, messages))
     # Futures complete on their own, without wait().
     value = torch.tensor([float(rank)])
     fut = dist.all_reduce(value, async_op=True).get_future().then(lambda f: f.value()[0] * 2)

@@ -304,3 +304,25 @@ def test_stats_count_the_ring_bytes_of_each_all_reduce():
                          "dense_bytes": ring * 8000}
         assert after_reset == {"calls": 0, "bytes_sent": 0, "bytes_received": 0, "dense_bytes": 0}
         assert "not 'gradzip'" in refused
+
+
+def receives_in_flight(rank, world):
+    """Several receives from one rank with one tag, outstanding at once, waited for in
+    reverse: each gets its own message (the checked header and data stay paired)."""
+    import gradzip
+
+    gradzip.init_process_group("gradzip")  # validate on: checked send/recv
+    messages = [torch.arange(5.0), torch.arange(3, dtype=torch.int64) + 10, torch.full((1 << 18,), 2.5)]
+    if rank == 0:
+        for w in [dist.isend(m, 1, tag=0) for m in messages]:
+            w.wait()
+        return None
+    into = [torch.empty_like(m) for m in messages]
+    works = [dist.irecv(t, 0, tag=0) for t in into]
+    for w in reversed(works):
+        w.wait()
+    return [torch.equal(a, b) for a, b in zip(into, messages)]
+
+
+def test_receives_in_flight_from_one_rank_with_one_tag_keep_their_messages():
+    assert run_ranks(receives_in_flight, 2)[1] == [True, True, True]
