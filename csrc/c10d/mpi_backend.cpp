@@ -198,14 +198,14 @@ MpiBackend::~MpiBackend() {
     std::lock_guard<std::mutex> lock(registry_mutex());
     registry().erase(this);
   }
-  release(true);
+  release();
 }
 
 void MpiBackend::finish_all() {
   std::lock_guard<std::mutex> lock(registry_mutex());
   bool clean = true;
   for (MpiBackend* backend : registry()) {
-    backend->release(true);
+    backend->release();
     std::lock_guard<std::mutex> broken(backend->broken_mutex_);
     clean = clean && backend->broken_.empty();
   }
@@ -213,7 +213,7 @@ void MpiBackend::finish_all() {
   mpi::finish(clean);
 }
 
-void MpiBackend::release(bool clean) {
+void MpiBackend::release() {
   if (closed_.exchange(true)) return;
   worker_.reset();  // queued collectives run first, each within its timeout
   {
@@ -223,12 +223,12 @@ void MpiBackend::release(bool clean) {
   pending_wake_.notify_all();
   if (completer_.joinable()) completer_.join();
   std::lock_guard<std::mutex> lock(broken_mutex_);
-  if (clean && broken_.empty() && comm_ != MPI_COMM_NULL && mpi::running()) {
+  if (broken_.empty() && comm_ != MPI_COMM_NULL && mpi::running()) {
     mpi::call([&] { MPI_Comm_free(&comm_); });
   }
 }
 
-void MpiBackend::shutdown() { release(true); }
+void MpiBackend::shutdown() { release(); }
 
 void MpiBackend::abort() {
   break_with("the process group was aborted");

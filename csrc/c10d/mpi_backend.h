@@ -133,7 +133,9 @@ class MpiBackend final : public c10d::Backend {
   void check_usable(const char* op) const;
   void break_with(const std::string& reason);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
-  void release(bool clean);
+  // Stops the threads (queued collectives run first) and frees the communicator, unless a
+  // timed-out call left requests posted on it.
+  void release();
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
