@@ -269,14 +269,20 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::collective(const char* op, std::vecto
 void MpiBackend::exchange(const char* op, const char* call, const Post& post) {
   std::vector<MPI_Request> requests(1, MPI_REQUEST_NULL);
   mpi::call([&] { mpi::check(post(&requests[0]), call); });
+  bool done = false;
   try {
-    mpi::wait(requests, deadline_,
-              c10::str("gradzip mpi: ", op, " on rank ", getRank(), " of a group of ", getSize(),
-                       " did not finish within its timeout: a rank has stopped or died, or the ranks called "
-                       "different collectives. This communicator refuses every later call."));
-  } catch (const std::exception& e) {
+    done = mpi::wait(requests, deadline_);
+  } catch (const std::exception& e) {  // an MPI error: the request may stay posted
     break_with(e.what());
     throw;
+  }
+  if (!done) {
+    const std::string reason = c10::str("gradzip mpi: ", op, " on rank ", getRank(), " of a group of ", getSize(),
+                                        " did not finish within its timeout: a rank has stopped or died, or the "
+                                        "ranks called different collectives. This communicator refuses every "
+                                        "later call.");
+    break_with(reason);
+    TORCH_CHECK(false, reason);
   }
 }
 

@@ -106,23 +106,17 @@ MPI_Datatype element_type(size_t bytes) {
   return type;
 }
 
-bool test(std::vector<MPI_Request>& requests, std::vector<MPI_Status>* statuses) {
-  int done = 0;
-  if (statuses) statuses->resize(requests.size());
-  call([&] {
-    check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done,
-                      statuses ? statuses->data() : MPI_STATUSES_IGNORE),
-          "MPI_Testall");
-  });
-  return done != 0;
-}
-
-void wait(std::vector<MPI_Request>& requests, Clock::time_point deadline, const std::string& what,
-          std::vector<MPI_Status>* statuses) {
+bool wait(std::vector<MPI_Request>& requests, Clock::time_point deadline) {
   // Open MPI moves data only inside MPI calls, so this polls without sleeping; yield()
   // lets the ranks' other threads run on an oversubscribed machine.
-  while (!test(requests, statuses)) {
-    TORCH_CHECK(Clock::now() < deadline, what);
+  while (true) {
+    int done = 0;
+    call([&] {
+      check(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE),
+            "MPI_Testall");
+    });
+    if (done) return true;
+    if (Clock::now() >= deadline) return false;
     std::this_thread::yield();
   }
 }

@@ -9,8 +9,8 @@
 // (under mpirun a process that exits without it is counted as a failure).
 //
 // wait() completes requests by polling MPI_Test (which drives Open MPI's progress) until
-// they are done or `deadline` passes; then it raises, naming `what`, and the requests
-// stay posted: the communicator that issued them is broken from then on.
+// they are done or `deadline` passes; then the requests stay posted, and the
+// communicator that issued them is broken from then on.
 #pragma once
 
 #include <chrono>
@@ -43,11 +43,8 @@ void check(int code, const char* what);
 // A committed contiguous datatype of `bytes` bytes (one tensor element); cached.
 MPI_Datatype element_type(size_t bytes);
 
-// Waits for every request in `requests` (MPI_REQUEST_NULL entries are done); raises
-// when `deadline` passes first. `statuses` (may be null) receives their statuses.
-void wait(std::vector<MPI_Request>& requests, Clock::time_point deadline, const std::string& what,
-          std::vector<MPI_Status>* statuses = nullptr);
-// One MPI_Testall over `requests`; true when all are done.
-bool test(std::vector<MPI_Request>& requests, std::vector<MPI_Status>* statuses = nullptr);
+// Waits for every request in `requests` (MPI_REQUEST_NULL entries are done); false when
+// `deadline` passes first.
+bool wait(std::vector<MPI_Request>& requests, Clock::time_point deadline);
 
 }  // namespace gradzip::mpi
