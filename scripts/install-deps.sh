@@ -4,9 +4,10 @@
 set -euo pipefail
 
 VENV=${GRADZIP_VENV:-$(pwd)/.venv}
-# clang and its runtime libraries: the libFuzzer targets (tests/fuzz/fuzz.sh).
+# clang and its runtime libraries: the libFuzzer targets (tests/fuzz/fuzz.sh). zfp, zstd and blosc:
+# the error-bounded codecs and the lossless stage.
 APT_PACKAGES=(g++ cmake ninja-build ccache libgtest-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist
-              iproute2 clang libclang-rt-14-dev)
+              iproute2 clang libclang-rt-14-dev libzfp-dev libzstd-dev libblosc-dev)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

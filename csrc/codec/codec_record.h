@@ -33,6 +33,12 @@ struct CodecParameters {
   int64_t bucket = 0;     // qsgd
   bool max_norm = false;  // qsgd
   ValueType values = ValueType::kFp32;  // topk: how values travel (fp16, bf16: positions coded too)
+  bool relative_bound = true;  // sz, zfp: mode=rel (bound × (max − min)) or abs
+  double bound = 0.0;          // sz, zfp: the error bound
+  int predictor = 0;           // sz: 0 auto, 1 zero, 2 lorenzo
+  int bits = 0;                // uniform: bits per element
+  int64_t threshold = 0;       // uniform: tensors of at most this many elements go as fp32
+  bool stochastic_rounding = true;  // uniform
 };
 
 // Device memory for the device halves: 256-byte aligned, valid until the arena goes

@@ -7,7 +7,10 @@
 #include "codec/randomk_codec.h"
 #include "codec/sign_codec.h"
 #include "codec/stc_codec.h"
+#include "codec/sz_codec.h"
 #include "codec/topk_codec.h"
+#include "codec/uniform_codec.h"
+#include "codec/zfp_codec.h"
 
 namespace gradzip {
 namespace {
@@ -23,7 +26,7 @@ std::string names() {
 const std::vector<const CodecRecord*>& codec_records() {
   static const std::vector<const CodecRecord*> records = {
       &identity_record(), &fp16_record(), &bf16_record(), &topk_record(),
-      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),
+      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(), &zfp_record(),
   };
   return records;
 }

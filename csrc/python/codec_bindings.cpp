@@ -1,6 +1,7 @@
 // gradzip._C codec functions: tensors to payload bytes and back, for gradzip.codec.
 #include <pybind11/stl.h>
 
+#include "codec/lossless.h"
 #include "gradzip/bound_spec.h"
 #include "python/bindings.h"
 #ifdef GRADZIP_WITH_CUDA
@@ -68,6 +69,33 @@ void bind_codec(py::module_& m) {
         return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel, !h.non_finite);
       },
       py::arg("data"));
+  m.def(
+      "lossless_compress",
+      [](const std::string& method, const py::bytes& data) {
+        const lossless::Method m = lossless::method_from_name(method);
+        const std::string_view bytes = data;
+        std::vector<uint8_t> out;
+        {
+          py::gil_scoped_release no_gil;
+          out = lossless::compress(m, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size());
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("method"), py::arg("data"), "The bytes after the lossless stage `method` (none, zstd, blosc).");
+  m.def(
+      "lossless_decompress",
+      [](const std::string& method, const py::bytes& data, size_t raw_size) {
+        const lossless::Method m = lossless::method_from_name(method);
+        const std::string_view bytes = data;
+        std::vector<uint8_t> out;
+        {
+          py::gil_scoped_release no_gil;
+          out = lossless::decompress(m, reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), raw_size);
+        }
+        return py::bytes(reinterpret_cast<const char*>(out.data()), out.size());
+      },
+      py::arg("method"), py::arg("data"), py::arg("raw_size"),
+      "The raw_size bytes lossless_compress() turned into `data`; PayloadError otherwise.");
 #ifdef GRADZIP_WITH_CUDA
   // The GPU codecs, for tests and benchmarks: the same bytes as encode()/decode_add().
   m.def(

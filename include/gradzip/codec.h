@@ -45,6 +45,10 @@ enum class CodecId : uint8_t {
   kStc = 6,
   kSign = 7,
   kQsgd = 8,
+  kSz = 9,
+  kZfp = 10,
+  kPolar = 11,
+  kUniform = 12,
 };
 
 struct CodecParameters;  // what a spec sets (csrc/codec/codec_record.h)
@@ -62,7 +66,9 @@ class Codec {
   virtual bool carries_non_finite() const { return true; }
 
   // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
-  // compresses x + residual and leaves in `residual` what was not sent.
+  // compresses x + residual and leaves in `residual` what was not sent. The error-bounded
+  // codecs (sz, zfp) and uniform throw std::invalid_argument for Inf or NaN in x + residual
+  // (encode_unless_non_finite() never gives them any).
   virtual void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                       std::vector<uint8_t>& out) const = 0;
 

@@ -4,6 +4,9 @@
     data = gradzip.codec.encode(grad, "stc:density=0.01", state)
     total = gradzip.codec.decode(data, like=grad)
 
+Whole models: compress_model() / decompress_model() (gradzip.model_codec) put every
+tensor of a model through a codec into one checked container.
+
 The spec is the same string the backend and the hook take (docs/spec.md): a codec, its
 keys, and the keys of its aggregation (`ef` and `seed` apply here and override the
 State's; `min_numel`, `warmup` shape all-reduces only). The bytes are the wire format of
@@ -99,3 +102,7 @@ def header(data: bytes) -> dict:
     its sender's input was finite (False: a non-finite payload, the header alone)."""
     codec, version, numel, finite = _C.payload_header(bytes(data))
     return {"codec": codec, "version": version, "numel": numel, "finite": finite}
+
+
+# Last: model_codec builds on State, encode and decode above.
+from .model_codec import ModelState, compress_model, decompress_model, model_stats  # noqa: E402

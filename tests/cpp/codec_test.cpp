@@ -42,7 +42,9 @@ const std::vector<std::string> kSpecs = {
     "identity", "fp16", "bf16", "topk:density=0.01", "topk:density=0.1,approx=1", "topk:density=0.01,values=fp16",
     "topk:density=0.6,values=bf16", "randomk:density=0.05",
     "stc:density=0.01", "stc:density=0.3", "sign", "sign:vote=majority", "sign:block=100",
-    "qsgd:bits=4", "qsgd:bits=8,bucket=128", "qsgd:levels=1,norm=max", "qsgd:bits=3,bucket=100"};
+    "qsgd:bits=4", "qsgd:bits=8,bucket=128", "qsgd:levels=1,norm=max", "qsgd:bits=3,bucket=100",
+    "uniform:threshold=0", "uniform", "uniform:bits=5,threshold=10,rounding=nearest",
+    "sz", "sz:mode=abs,bound=0.01,predictor=lorenzo", "zfp", "zfp:mode=abs,bound=1e-4"};
 
 TEST(CodecTest, HeaderNamesCodecAndCount) {
   for (const auto& spec : kSpecs) {
@@ -55,14 +57,16 @@ TEST(CodecTest, HeaderNamesCodecAndCount) {
 }
 
 // Exchanges reserve max_payload_bytes(n) per payload: no encode may write more, and
-// every codec but STC and compact top-k (Golomb-coded positions) and approximate top-k
+// every codec but STC and compact top-k (Golomb-coded positions), approximate top-k and the
+// error-bounded codecs (sz, zfp: entropy-coded)
 // writes exactly it.
 TEST(CodecTest, PayloadsFitTheirBound) {
   std::vector<float> heavy(4096, 0.0f);  // an approximate threshold meets ties: capped
   for (size_t i = 0; i < heavy.size(); i += 2) heavy[i] = 1.0f;
   for (const auto& spec : kSpecs) {
     const auto codec = make_codec(parse_spec(spec));
-    const bool variable = codec->id() == CodecId::kStc || spec.find("approx") != std::string::npos ||
+    const bool variable = codec->id() == CodecId::kStc || codec->id() == CodecId::kSz || codec->id() == CodecId::kZfp ||
+                          spec.find("approx") != std::string::npos ||
                           spec.find("values=") != std::string::npos;
     for (int64_t n : {0, 1, 7, 64, 999, 4096, 100003}) {
       for (int seed = 0; seed < 3; ++seed) {
@@ -334,6 +338,15 @@ TEST(CodecTest, NonFiniteInputsPropagate) {
   x[500] = std::numeric_limits<float>::infinity();
   for (const auto& spec : kSpecs) {
     if (spec == "sign:vote=majority" || spec.rfind("randomk", 0) == 0) continue;  // documented exceptions
+    if (spec.rfind("sz", 0) == 0 || spec.rfind("zfp", 0) == 0 || spec.rfind("uniform", 0) == 0) {
+      try {  // a bound or a min–max range means nothing for them: refused by name
+        encode(spec, x);
+        ADD_FAILURE() << spec << " took a NaN/Inf input";
+      } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("Inf or NaN"), std::string::npos) << e.what();
+      }
+      continue;
+    }
     const auto decoded = decode(encode(spec, x), 1000);
     bool non_finite = false;
     for (float v : decoded) non_finite |= !std::isfinite(v);
@@ -486,7 +499,7 @@ TEST(CodecTest, BadSpecValuesAreRefused) {
     EXPECT_THROW(make_codec(parse_spec(spec)), SpecError) << spec;
   }
   try {
-    make_codec(parse_spec("zfp"));
+    make_codec(parse_spec("lz4"));
     FAIL();
   } catch (const SpecError& e) {
     EXPECT_NE(std::string(e.what()).find("valid codecs: identity, fp16, bf16, topk"), std::string::npos);

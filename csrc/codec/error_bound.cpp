@@ -1,0 +1,38 @@
+#include "codec/error_bound.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace gradzip {
+
+std::vector<SpecKey> error_bound_keys() {
+  return {SpecKey::choice("mode", "rel", {"abs", "rel"},
+                          "abs: |x̂ − x| ≤ bound; rel: |x̂ − x| ≤ bound × (max − min) of the tensor"),
+          SpecKey::number("bound", "1e-3", 0.0, 1e30, "the error bound (> 0)")};
+}
+
+void parse_error_bound(const Spec& spec, CodecParameters& p) {
+  p.relative_bound = spec.get_string("mode", "rel") == "rel";
+  p.bound = spec.get_double("bound", 1e-3);
+  if (!(p.bound > 0.0) || !std::isfinite(p.bound)) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': bound must be a finite number above 0");
+  }
+}
+
+double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec) {
+  if (!all_finite(u, n)) {
+    throw std::invalid_argument(std::string("gradzip: ") + codec +
+                                ": the tensor holds Inf or NaN, which no error bound can cover");
+  }
+  float low = INFINITY, high = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) {  // finite values: compares that vectorize
+    low = u[i] < low ? u[i] : low;
+    high = u[i] > high ? u[i] : high;
+  }
+  if (!p.relative_bound) return p.bound;
+  if (n == 0) return 0.0;
+  return p.bound * (static_cast<double>(high) - static_cast<double>(low));
+}
+
+}  // namespace gradzip

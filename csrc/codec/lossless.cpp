@@ -1,0 +1,120 @@
+#include "codec/lossless.h"
+
+#include <blosc.h>
+#include <zstd.h>
+
+
+#include "gradzip/codec.h"
+#include "gradzip/spec.h"
+
+namespace gradzip::lossless {
+namespace {
+
+constexpr int kZstdLevel = 3;  // zstd's default: fast, and most of its ratio on float data
+constexpr int kBloscLevel = 5;
+
+[[noreturn]] void corrupt(Method method, const std::string& why) {
+  throw PayloadError("gradzip: invalid " + method_name(method) + " stream: " + why);
+}
+
+// blosc's global context is not thread-safe; its _ctx calls are, and use one thread here.
+std::vector<uint8_t> blosc_compress(const uint8_t* data, size_t size) {
+  if (size > static_cast<size_t>(BLOSC_MAX_BUFFERSIZE)) {
+    throw std::invalid_argument("gradzip: blosc compresses at most " + std::to_string(BLOSC_MAX_BUFFERSIZE) +
+                                " bytes at once, got " + std::to_string(size));
+  }
+  std::vector<uint8_t> out(size + BLOSC_MAX_OVERHEAD);
+  const int written = blosc_compress_ctx(kBloscLevel, BLOSC_SHUFFLE, 4, size, data, out.data(), out.size(),
+                                         BLOSC_BLOSCLZ_COMPNAME, 0, 1);
+  if (written <= 0) throw std::runtime_error("gradzip: blosc failed to compress " + std::to_string(size) + " bytes");
+  out.resize(static_cast<size_t>(written));
+  return out;
+}
+
+std::vector<uint8_t> blosc_decompress(const uint8_t* data, size_t size, size_t raw_size) {
+  size_t nbytes = 0, cbytes = 0;
+  if (size < BLOSC_MIN_HEADER_LENGTH || blosc_cbuffer_validate(data, size, &nbytes) != 0) {
+    corrupt(Method::kBlosc, "its header is not valid for " + std::to_string(size) + " bytes");
+  }
+  size_t blocksize = 0;
+  blosc_cbuffer_sizes(data, &nbytes, &cbytes, &blocksize);
+  if (nbytes != raw_size) {
+    corrupt(Method::kBlosc, "it holds " + std::to_string(nbytes) + " bytes, " + std::to_string(raw_size) + " expected");
+  }
+  if (cbytes != size) {
+    corrupt(Method::kBlosc, "it says " + std::to_string(cbytes) + " compressed bytes, " + std::to_string(size) + " given");
+  }
+  std::vector<uint8_t> out(raw_size);
+  if (raw_size == 0) return out;
+  const int got = blosc_decompress_ctx(data, out.data(), out.size(), 1);
+  if (got < 0 || static_cast<size_t>(got) != raw_size) corrupt(Method::kBlosc, "its blocks do not decode");
+  return out;
+}
+
+}  // namespace
+
+Method method_from_name(const std::string& name) {
+  if (name == "none") return Method::kNone;
+  if (name == "zstd") return Method::kZstd;
+  if (name == "blosc") return Method::kBlosc;
+  throw SpecError("gradzip: unknown lossless stage '" + name + "'; valid: none, zstd, blosc");
+}
+
+std::string method_name(Method method) {
+  switch (method) {
+    case Method::kNone: return "none";
+    case Method::kZstd: return "zstd";
+    case Method::kBlosc: return "blosc";
+  }
+  return "unknown";
+}
+
+Method method_from_byte(uint8_t byte) {
+  if (byte > static_cast<uint8_t>(Method::kBlosc)) {
+    throw PayloadError("gradzip: unknown lossless stage " + std::to_string(byte) + " (valid: 0 none, 1 zstd, 2 blosc)");
+  }
+  return static_cast<Method>(byte);
+}
+
+std::vector<uint8_t> compress(Method method, const uint8_t* data, size_t size) {
+  switch (method) {
+    case Method::kNone: return std::vector<uint8_t>(data, data + size);
+    case Method::kZstd: {
+      std::vector<uint8_t> out(ZSTD_compressBound(size));
+      const size_t written = ZSTD_compress(out.data(), out.size(), data, size, kZstdLevel);
+      if (ZSTD_isError(written)) throw std::runtime_error(std::string("gradzip: zstd: ") + ZSTD_getErrorName(written));
+      out.resize(written);
+      return out;
+    }
+    case Method::kBlosc: return blosc_compress(data, size);
+  }
+  throw std::logic_error("gradzip: unknown lossless method");
+}
+
+std::vector<uint8_t> decompress(Method method, const uint8_t* data, size_t size, size_t raw_size) {
+  switch (method) {
+    case Method::kNone:
+      if (size != raw_size) {
+        corrupt(method, std::to_string(size) + " bytes stored, " + std::to_string(raw_size) + " expected");
+      }
+      return std::vector<uint8_t>(data, data + size);
+    case Method::kZstd: {
+      const unsigned long long declared = ZSTD_getFrameContentSize(data, size);
+      if (declared == ZSTD_CONTENTSIZE_ERROR) corrupt(method, "not a zstd frame");
+      if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != raw_size) {
+        corrupt(method, "it holds " + std::to_string(declared) + " bytes, " + std::to_string(raw_size) + " expected");
+      }
+      std::vector<uint8_t> out(raw_size);
+      const size_t got = ZSTD_decompress(out.data(), out.size(), data, size);
+      if (ZSTD_isError(got)) corrupt(method, ZSTD_getErrorName(got));
+      if (got != raw_size) {
+        corrupt(method, "it decodes to " + std::to_string(got) + " bytes, " + std::to_string(raw_size) + " expected");
+      }
+      return out;
+    }
+    case Method::kBlosc: return blosc_decompress(data, size, raw_size);
+  }
+  throw std::logic_error("gradzip: unknown lossless method");
+}
+
+}  // namespace gradzip::lossless

@@ -1,0 +1,331 @@
+#include "codec/sz_codec.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <immintrin.h>
+
+#include "codec/codec_base.h"
+#include "codec/error_bound.h"
+
+namespace gradzip {
+namespace {
+
+constexpr uint8_t kCoded = 0, kRaw = 1;
+constexpr uint8_t kZeroPredictor = 1, kLorenzoPredictor = 2;
+constexpr int64_t kRiceBlock = 4096;
+constexpr int64_t kMaxCode = 1 << 16;  // |quantized error| above it: sent exactly
+constexpr uint64_t kEscapeQuotient = 32;
+constexpr int kRawSymbolBits = 18;     // s ≤ 2·kMaxCode + 1 < 2^18
+constexpr int kMaxRiceParameter = kRawSymbolBits;
+
+uint32_t zigzag(int64_t q) { return static_cast<uint32_t>(q < 0 ? -2 * q - 1 : 2 * q); }
+int64_t unzigzag(uint32_t z) { return (z & 1) ? -static_cast<int64_t>((z + 1) / 2) : static_cast<int64_t>(z / 2); }
+
+// The value a code reconstructs: the encoder checks it against the bound, the decoder
+// writes it; both compute it the same way, so they agree on every bit.
+inline float reconstruct(float prediction, int64_t q, double step) {
+  return static_cast<float>(static_cast<double>(prediction) + static_cast<double>(q) * step);
+}
+
+// A symbol's Rice code as bits (first bit lowest) and its length: at most 51 bits.
+inline int rice_length(uint32_t s, int k) {
+  const uint64_t quotient = s >> k;
+  return quotient < kEscapeQuotient ? static_cast<int>(quotient) + 1 + k : kEscapeQuotient + 1 + kRawSymbolBits;
+}
+inline uint64_t rice_code(uint32_t s, int k) {
+  const uint64_t quotient = s >> k;
+  if (quotient >= kEscapeQuotient) return ((uint64_t{1} << kEscapeQuotient) - 1) | (uint64_t{s} << (kEscapeQuotient + 1));
+  return ((uint64_t{1} << quotient) - 1) | ((uint64_t{s} & ((uint64_t{1} << k) - 1)) << (quotient + 1));
+}
+
+uint64_t rice_bits(const uint32_t* s, int64_t count, int k) {
+  uint64_t bits = 0;
+  for (int64_t i = 0; i < count; ++i) {  // branch-free: it vectorizes
+    const uint32_t quotient = s[i] >> k;
+    bits += quotient < kEscapeQuotient ? quotient + 1 + k : kEscapeQuotient + 1 + kRawSymbolBits;
+  }
+  return bits;
+}
+
+// The Rice parameter with the fewest bits for one block (near log2 of the mean code),
+// and those bits.
+int rice_parameter(const uint32_t* s, int64_t count, uint64_t& best_bits) {
+  uint64_t total = 0;
+  for (int64_t i = 0; i < count; ++i) total += s[i];
+  const uint64_t mean = total / static_cast<uint64_t>(std::max<int64_t>(count, 1));
+  const int guess = mean ? std::bit_width(mean) - 1 : 0;
+  int best = guess;
+  best_bits = rice_bits(s, count, guess);
+  for (int k : {guess - 1, guess + 1}) {
+    if (k < 0 || k > kMaxRiceParameter) continue;
+    const uint64_t bits = rice_bits(s, count, k);
+    if (bits < best_bits) best = k, best_bits = bits;
+  }
+  return best;
+}
+
+// The symbol of x given its prediction (0: sent exactly), and the value the decoder will
+// reconstruct from it.
+inline float quantize(float x, float prediction, double step, double inverse, double eb, uint32_t& symbol) {
+  const double steps = (static_cast<double>(x) - static_cast<double>(prediction)) * inverse;
+  symbol = 0;
+  if (!(std::fabs(steps) <= static_cast<double>(kMaxCode))) return x;
+  const int64_t q = static_cast<int64_t>(steps + (steps < 0.0 ? -0.5 : 0.5));  // to nearest, inlined
+  const float candidate = reconstruct(prediction, q, step);
+  if (!within_bound(candidate, x, eb)) return x;
+  symbol = zigzag(q) + 1;
+  return candidate;
+}
+
+// quantize() with prediction 0 for every element, rounding to nearest even (any rounding
+// is valid: the bound is checked on the value the decoder will compute). The AVX2 path
+// gives the same symbols as the scalar one.
+inline uint32_t zero_predictor_symbol(float x, double step, double inverse, double eb) {
+  const double steps = static_cast<double>(x) * inverse;
+  if (!(std::fabs(steps) <= static_cast<double>(kMaxCode))) return 0;
+  const int32_t q = static_cast<int32_t>(std::nearbyint(steps));
+  const float candidate = static_cast<float>(static_cast<double>(q) * step);
+  if (!within_bound(candidate, x, eb)) return 0;
+  return zigzag(q) + 1;
+}
+
+__attribute__((target("avx2"))) void quantize_zero_predictor_avx2(const float* u, int64_t n, double step,
+                                                                  double inverse, double eb, uint32_t* symbols) {
+  const __m256d inv = _mm256_set1_pd(inverse), stp = _mm256_set1_pd(step), bound = _mm256_set1_pd(eb);
+  const __m256d limit = _mm256_set1_pd(static_cast<double>(kMaxCode));
+  const __m256d magnitude = _mm256_castsi256_pd(_mm256_set1_epi64x(0x7FFFFFFFFFFFFFFF));
+  const __m256i even_lanes = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    const __m256d x = _mm256_cvtps_pd(_mm_loadu_ps(u + i));
+    const __m256d steps = _mm256_mul_pd(x, inv);
+    const __m256d small = _mm256_cmp_pd(_mm256_and_pd(steps, magnitude), limit, _CMP_LE_OQ);
+    const __m256d rounded = _mm256_round_pd(_mm256_and_pd(steps, small), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m128i q = _mm256_cvtpd_epi32(rounded);
+    const __m256d candidate = _mm256_cvtps_pd(_mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtepi32_pd(q), stp)));
+    const __m256d d = _mm256_sub_pd(candidate, x);
+    const __m256d ok = _mm256_and_pd(small, _mm256_and_pd(_mm256_cmp_pd(d, bound, _CMP_LE_OQ),
+                                                          _mm256_cmp_pd(_mm256_sub_pd(_mm256_setzero_pd(), d), bound, _CMP_LE_OQ)));
+    const __m128i ok32 = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(_mm256_castpd_si256(ok), even_lanes));
+    const __m128i z = _mm_xor_si128(_mm_slli_epi32(q, 1), _mm_srai_epi32(q, 31));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(symbols + i), _mm_and_si128(ok32, _mm_add_epi32(z, _mm_set1_epi32(1))));
+  }
+  for (; i < n; ++i) symbols[i] = zero_predictor_symbol(u[i], step, inverse, eb);
+}
+
+void quantize_zero_predictor(const float* u, int64_t n, double step, double inverse, double eb, uint32_t* symbols) {
+  for (int64_t i = 0; i < n; ++i) symbols[i] = zero_predictor_symbol(u[i], step, inverse, eb);
+}
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
+struct SzLayout {
+  uint8_t format;
+  uint8_t predictor = 0;
+  double eb = 0.0;
+  uint64_t exact = 0;
+  wire::Section parameters, codes, exact_values, raw;
+};
+
+SzLayout read_sz_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kSz, n);
+  SzLayout layout;
+  layout.format = r.get<uint8_t>("format");
+  if (layout.format == kRaw) {
+    layout.raw = r.take(static_cast<uint64_t>(n) * 4, "raw values");
+  } else if (layout.format == kCoded) {
+    layout.predictor = r.get<uint8_t>("predictor");
+    if (layout.predictor != kZeroPredictor && layout.predictor != kLorenzoPredictor) {
+      r.fail("unknown predictor " + std::to_string(layout.predictor));
+    }
+    layout.eb = r.get<double>("error bound");
+    if (!(layout.eb >= 0.0) || !std::isfinite(layout.eb)) r.fail("the error bound is not a finite number ≥ 0");
+    layout.exact = r.get_count("exact-value count", n);
+    const uint64_t code_bytes = r.get<uint64_t>("code bytes");
+    layout.parameters = r.take((static_cast<uint64_t>(n) + kRiceBlock - 1) / kRiceBlock, "Rice parameters");
+    layout.codes = r.take(code_bytes, "codes");
+    layout.exact_values = r.take(layout.exact * 4, "exact values");
+  } else {
+    r.fail("unknown format " + std::to_string(layout.format));
+  }
+  r.finish();
+  return layout;
+}
+
+class SzCodec final : public ValueCodec {
+ public:
+  using ValueCodec::ValueCodec;
+  bool biased() const override { return false; }
+  size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + 1 + static_cast<size_t>(n) * 4; }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "sz");
+    const SzLayout layout = read_sz_layout(r, n);
+    if (layout.format == kRaw) {
+      const uint8_t* values = r.at(layout.raw);
+      for (int64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, values + 4 * i, 4);
+        out[i] += scale * v;
+      }
+      return;
+    }
+    const uint8_t* parameters = r.at(layout.parameters);
+    const uint8_t* exact = r.at(layout.exact_values);
+    // The codes, padded so that a 64-bit window never reads past them.
+    std::vector<uint8_t> codes(layout.codes.bytes + 16, 0);
+    if (layout.codes.bytes) std::memcpy(codes.data(), r.at(layout.codes), layout.codes.bytes);
+    const uint64_t limit = layout.codes.bytes * 8;
+    const double step = 2.0 * layout.eb;
+    const bool lorenzo = layout.predictor == kLorenzoPredictor;
+    uint64_t position = 0, exact_used = 0;
+    float previous = 0.0f;
+    for (int64_t b = 0; b * kRiceBlock < n; ++b) {
+      const int k = parameters[b];
+      if (k > kMaxRiceParameter) r.fail("Rice parameter " + std::to_string(k) + " above " + std::to_string(kMaxRiceParameter));
+      const uint64_t low_mask = (uint64_t{1} << k) - 1;
+      for (int64_t i = b * kRiceBlock; i < std::min(n, (b + 1) * kRiceBlock); ++i) {
+        if (position > limit) r.fail("the codes end before element " + std::to_string(i));
+        uint64_t window;
+        std::memcpy(&window, codes.data() + position / 8, 8);
+        window >>= position % 8;  // at least 57 valid bits
+        const uint64_t quotient = std::countr_one(window);
+        uint64_t s;
+        if (quotient < kEscapeQuotient) {
+          s = (quotient << k) | ((window >> (quotient + 1)) & low_mask);
+          position += quotient + 1 + k;
+        } else if (quotient == kEscapeQuotient) {
+          s = (window >> (kEscapeQuotient + 1)) & ((uint64_t{1} << kRawSymbolBits) - 1);
+          position += kEscapeQuotient + 1 + kRawSymbolBits;
+        } else {
+          r.fail("a code of more than " + std::to_string(kEscapeQuotient) + " one-bits at element " + std::to_string(i));
+        }
+        float value;
+        if (s == 0) {
+          if (exact_used == layout.exact) r.fail("more exact values are used than the " + std::to_string(layout.exact) + " sent");
+          std::memcpy(&value, exact + 4 * exact_used++, 4);
+        } else {
+          const int64_t q = unzigzag(static_cast<uint32_t>(s - 1));
+          if (q > kMaxCode || q < -kMaxCode) r.fail("a quantized error of " + std::to_string(q) + " steps");
+          value = reconstruct(lorenzo ? previous : 0.0f, q, step);
+        }
+        previous = value;
+        out[i] += scale * value;
+      }
+    }
+    if (position > limit) r.fail("the codes end before the last element");
+    if ((position + 7) / 8 != layout.codes.bytes) r.fail("bytes left over after the last code");
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+    const double eb = absolute_bound(parameters_, u, n, "sz");
+    const uint8_t predictor = choose_predictor(u, n);
+    const bool lorenzo = predictor == kLorenzoPredictor;
+    const double step = 2.0 * eb;
+    const double inverse = step > 0.0 ? 1.0 / step : 0.0;
+    std::vector<uint32_t> symbols(static_cast<size_t>(n));
+    std::vector<float> exact;
+    if (lorenzo) {
+      float previous = 0.0f;
+      for (int64_t i = 0; i < n; ++i) previous = quantize(u[i], previous, step, inverse, eb, symbols[i]);
+    } else if (kHasAvx2) {
+      quantize_zero_predictor_avx2(u, n, step, inverse, eb, symbols.data());
+    } else {
+      quantize_zero_predictor(u, n, step, inverse, eb, symbols.data());
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      if (symbols[i] == 0) exact.push_back(u[i]);
+    }
+    const int64_t blocks = (n + kRiceBlock - 1) / kRiceBlock;
+    std::vector<uint8_t> parameters(static_cast<size_t>(blocks));
+    std::vector<uint64_t> block_bits(static_cast<size_t>(blocks));
+    uint64_t total_bits = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t begin = b * kRiceBlock, count = std::min(kRiceBlock, n - begin);
+      parameters[b] = static_cast<uint8_t>(rice_parameter(symbols.data() + begin, count, block_bits[b]));
+      total_bits += block_bits[b];
+    }
+    // Codes gather in a 64-bit accumulator (at most 7 bits carried + 51 new); each step
+    // stores it whole and advances by its full bytes. The 8 spare bytes take the overhang.
+    std::vector<uint8_t> codes((total_bits + 7) / 8 + 8, 0);
+    uint8_t* at = codes.data();
+    uint64_t carry = 0;
+    int filled = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const int k = parameters[i / kRiceBlock];
+      carry |= rice_code(symbols[i], k) << filled;
+      filled += rice_length(symbols[i], k);
+      std::memcpy(at, &carry, 8);
+      const int bytes = filled >> 3;
+      at += bytes;
+      carry = bytes ? carry >> (8 * bytes) : carry;
+      filled &= 7;
+    }
+    std::memcpy(at, &carry, 8);
+    codes.resize((total_bits + 7) / 8);
+    wire::Writer w(out);
+    w.header(id(), n);
+    const uint64_t coded = 1 + 1 + 8 + 8 + 8 + parameters.size() + codes.size() + exact.size() * 4;
+    if (coded >= static_cast<uint64_t>(n) * 4 + 1) {
+      w.put<uint8_t>(kRaw);
+      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
+      return;
+    }
+    w.put<uint8_t>(kCoded);
+    w.put<uint8_t>(predictor);
+    w.put<double>(eb);
+    w.put<uint64_t>(exact.size());
+    w.put<uint64_t>(codes.size());
+    if (!parameters.empty()) std::memcpy(w.reserve(parameters.size()), parameters.data(), parameters.size());
+    if (!codes.empty()) std::memcpy(w.reserve(codes.size()), codes.data(), codes.size());
+    if (!exact.empty()) std::memcpy(w.reserve(exact.size() * 4), exact.data(), exact.size() * 4);
+  }
+
+ private:
+  // The predictor: the spec's, or for auto the one whose prediction errors sum smaller.
+  uint8_t choose_predictor(const float* u, int64_t n) const {
+    if (parameters_.predictor == kZeroPredictor || parameters_.predictor == kLorenzoPredictor) {
+      return static_cast<uint8_t>(parameters_.predictor);
+    }
+    // Up to 65536 neighbour pairs spread evenly over the tensor: enough to tell the two apart.
+    const int64_t stride = std::max<int64_t>(1, n / 65536);
+    double zero = 0.0, lorenzo = 0.0;
+    for (int64_t i = 1; i < n; i += stride) {
+      zero += std::fabs(static_cast<double>(u[i]));
+      lorenzo += std::fabs(static_cast<double>(u[i]) - static_cast<double>(u[i - 1]));
+    }
+    return lorenzo < zero ? kLorenzoPredictor : kZeroPredictor;
+  }
+};
+
+}  // namespace
+
+const CodecRecord& sz_record() {
+  static const CodecRecord record = {
+      CodecId::kSz,
+      "sz",
+      "error-bounded quantizer (SZ-style): prediction, quantization in steps of 2·bound, Golomb-Rice codes",
+      [] {
+        std::vector<SpecKey> keys = error_bound_keys();
+        keys.push_back(SpecKey::choice("predictor", "auto", {"auto", "zero", "lorenzo"},
+                                       "zero: quantize the values; lorenzo: the differences of neighbours; "
+                                       "auto: whichever predicts better"));
+        return keys;
+      }(),
+      [](const Spec& spec) {
+        CodecParameters p;
+        p.id = CodecId::kSz;
+        parse_error_bound(spec, p);
+        const std::string predictor = spec.get_string("predictor", "auto");
+        p.predictor = predictor == "zero" ? kZeroPredictor : predictor == "lorenzo" ? kLorenzoPredictor : 0;
+        return p;
+      },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SzCodec>(p); },
+      nullptr,
+  };
+  return record;
+}
+
+}  // namespace gradzip

@@ -1,0 +1,169 @@
+#include "codec/uniform_codec.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "codec/bitpack.h"
+#include "codec/codec_base.h"
+#include "codec/element_math.cuh"
+#include "codec/philox_block.h"
+#include "codec/wire.h"
+
+namespace gradzip {
+namespace {
+
+constexpr uint8_t kQuantized = 0, kRaw = 1;
+
+struct UniformLayout {
+  uint8_t format;
+  int bits = 0;
+  float low = 0.0f, high = 0.0f;
+  wire::Section codes, raw;
+};
+
+UniformLayout read_uniform_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kUniform, n);
+  UniformLayout layout;
+  layout.format = r.get<uint8_t>("format");
+  if (layout.format == kRaw) {
+    layout.raw = r.take(static_cast<uint64_t>(n) * 4, "raw values");
+  } else if (layout.format == kQuantized) {
+    layout.bits = r.get<uint8_t>("bits");
+    if (layout.bits < 1 || layout.bits > 16) r.fail("bits = " + std::to_string(layout.bits) + ", valid 1..16");
+    layout.low = r.get<float>("min");
+    layout.high = r.get<float>("max");
+    if (!std::isfinite(layout.low) || !std::isfinite(layout.high) || layout.low > layout.high) {
+      r.fail("min and max are not finite with min ≤ max");
+    }
+    layout.codes = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * layout.bits), "codes");
+  } else {
+    r.fail("unknown format " + std::to_string(layout.format));
+  }
+  r.finish();
+  return layout;
+}
+
+// In double: max − min may exceed fp32's range, and low + c × step stays within [min, max].
+double step_of(float low, float high, int bits) {
+  return (static_cast<double>(high) - static_cast<double>(low)) / static_cast<double>((uint32_t{1} << bits) - 1);
+}
+inline float level(float low, uint32_t code, double step) {
+  return static_cast<float>(static_cast<double>(low) + static_cast<double>(code) * step);
+}
+
+class UniformCodec final : public ValueCodec {
+ public:
+  using ValueCodec::ValueCodec;
+  bool biased() const override { return !parameters_.stochastic_rounding; }
+  size_t max_payload_bytes(int64_t n) const override {
+    const uint64_t quantized = 1 + 1 + 8 + wire::bytes_for_bits(static_cast<uint64_t>(n) * parameters_.bits);
+    const uint64_t raw = 1 + static_cast<uint64_t>(n) * 4;
+    return kPayloadHeaderBytes + (n > parameters_.threshold ? quantized : raw);
+  }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "uniform");
+    const UniformLayout layout = read_uniform_layout(r, n);
+    if (layout.format == kRaw) {
+      const uint8_t* values = r.at(layout.raw);
+      for (int64_t i = 0; i < n; ++i) {
+        float v;
+        std::memcpy(&v, values + 4 * i, 4);
+        out[i] += scale * v;
+      }
+      return;
+    }
+    const double step = step_of(layout.low, layout.high, layout.bits);
+    const uint8_t* codes = r.at(layout.codes);
+    if (layout.bits == 8) {
+      for (int64_t i = 0; i < n; ++i) out[i] += scale * level(layout.low, codes[i], step);
+      return;
+    }
+    uint16_t unpacked[1024];
+    for (int64_t begin = 0; begin < n; begin += 1024) {  // 1024 codes end on a byte boundary
+      const int64_t count = std::min<int64_t>(1024, n - begin);
+      bitpack::unpack_codes(codes + begin / 8 * layout.bits, count, layout.bits, unpacked);
+      for (int64_t j = 0; j < count; ++j) {
+        out[begin + j] += scale * level(layout.low, unpacked[j], step);
+      }
+    }
+  }
+
+ protected:
+  void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
+    const int bits = parameters_.bits;
+    if (!all_finite(u, n)) throw std::invalid_argument("gradzip: uniform: the tensor holds Inf or NaN");
+    float low = n ? u[0] : 0.0f, high = low;
+    for (int64_t i = 0; i < n; ++i) {
+      low = u[i] < low ? u[i] : low;
+      high = u[i] > high ? u[i] : high;
+    }
+    wire::Writer w(out);
+    w.header(id(), n);
+    if (n <= parameters_.threshold) {
+      w.put<uint8_t>(kRaw);
+      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
+      return;
+    }
+    w.put<uint8_t>(kQuantized);
+    w.put<uint8_t>(static_cast<uint8_t>(bits));
+    w.put<float>(low);
+    w.put<float>(high);
+    const double step = step_of(low, high, bits);
+    const double inverse = step > 0.0 ? 1.0 / step : 0.0;
+    const uint32_t top = (uint32_t{1} << bits) - 1;
+    uint8_t* packed = w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * bits));
+    std::vector<uint8_t> stream;
+    bitpack::BitWriter writer(stream);
+    uint32_t random[kPhiloxWords];
+    for (int64_t begin = 0; begin < n; begin += kPhiloxWords) {
+      const int count = static_cast<int>(std::min<int64_t>(kPhiloxWords, n - begin));
+      if (parameters_.stochastic_rounding) {
+        philox_words(static_cast<uint64_t>(begin), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
+      }
+      for (int j = 0; j < count; ++j) {
+        const double t = (static_cast<double>(u[begin + j]) - low) * inverse;  // in [0, top]
+        const double below = std::floor(t);
+        const double up = parameters_.stochastic_rounding ? math::uniform01(random[j]) : 0.5;
+        const double code = below + ((t - below) >= up && t > below ? 1.0 : 0.0);
+        const uint32_t c = static_cast<uint32_t>(std::min(code, static_cast<double>(top)));
+        if (bits == 8) {
+          packed[begin + j] = static_cast<uint8_t>(c);
+        } else {
+          writer.put(c, bits);
+        }
+      }
+    }
+    if (bits != 8) {
+      writer.flush();
+      std::memcpy(packed, stream.data(), stream.size());
+    }
+  }
+};
+
+}  // namespace
+
+const CodecRecord& uniform_record() {
+  static const CodecRecord record = {
+      CodecId::kUniform,
+      "uniform",
+      "TFF's 8-bit rule: min–max uniform quantization with stochastic rounding above a size threshold, fp32 below",
+      {SpecKey::integer("bits", "8", 1, 16, "bits per element"),
+       SpecKey::integer("threshold", "10000", 0, 1e18, "tensors of at most this many elements travel as fp32"),
+       SpecKey::choice("rounding", "stochastic", {"stochastic", "nearest"},
+                       "stochastic: unbiased, drawn from (seed, step, rank, element); nearest: deterministic")},
+      [](const Spec& spec) {
+        CodecParameters p;
+        p.id = CodecId::kUniform;
+        p.bits = static_cast<int>(spec.get_int("bits", 8));
+        p.threshold = spec.get_int("threshold", 10000);
+        p.stochastic_rounding = spec.get_string("rounding", "stochastic") == "stochastic";
+        return p;
+      },
+      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<UniformCodec>(p); },
+      nullptr,
+  };
+  return record;
+}
+
+}  // namespace gradzip

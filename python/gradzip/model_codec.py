@@ -1,0 +1,261 @@
+"""Whole models to bytes and back, for federated servers (APPFL's compress_model shape).
+
+    data = gradzip.codec.compress_model(model.state_dict(), "sz:mode=rel,bound=1e-3,lossless=zstd")
+    weights = gradzip.codec.decompress_model(data, like=model)
+
+The spec is a codec spec (docs/spec.md: e.g. `sz`, `zfp`, `uniform`, `qsgd:bits=8`) plus
+two keys of the model container:
+- `param_cutoff` (default 1024): float tensors with fewer elements are stored exactly;
+- `lossless` (default zstd; none, zstd, blosc): the stage after the codec, on every entry.
+Non-float tensors (step counters, masks) are stored exactly. Float tensors that hold Inf
+or NaN are refused (ValueError naming the entry): no codec bound covers them.
+
+A model is a torch.nn.Module, a state dict, or dicts of them nested; with batched=True, a
+list or dict of models (clients' models sent in one message). Only tensors are leaves.
+
+The bytes are a versioned container (docs/model-format.md) checked with a CRC-32;
+decompress_model() checks it against `like` (the names, dtypes and shapes it expects) and
+raises PayloadError naming the first problem. No pickle: hostile bytes cannot run code,
+and every length is checked before it is used.
+"""
+import struct
+import zlib
+from typing import Optional
+
+import torch
+
+from ._extension import _C
+from .codec import State, decode, encode
+from .options import SpecError
+
+MAGIC = b"GZMODEL\0"
+VERSION = 1
+_HEADER = struct.Struct("<8sHBBI")   # magic, version, lossless method, flags, entry count
+_ENTRY = struct.Struct("<BBBQQ")     # storage, dtype, ndim, raw bytes, stored bytes
+_BATCHED = 1
+_PAYLOAD, _EXACT = 0, 1
+_LOSSLESS = ("none", "zstd", "blosc")
+_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
+           torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_MODEL_KEYS = {"param_cutoff": "1024", "lossless": "zstd"}
+
+
+class ModelState:
+    """Error feedback across rounds: one gradzip.codec.State per compressed entry, made on
+    first use and kept by the entry's name."""
+
+    def __init__(self, seed: int = 0, rank: int = 0):
+        self.seed, self.rank = seed, rank
+        self.entries = {}
+
+    def entry(self, name: str) -> State:
+        if name not in self.entries:
+            self.entries[name] = State(seed=self.seed, rank=self.rank)
+        return self.entries[name]
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "rank": self.rank,
+                "entries": {name: s.state_dict() for name, s in self.entries.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed, self.rank, self.entries = state["seed"], state["rank"], {}
+        for name, entry in state["entries"].items():
+            self.entry(name).load_state_dict(entry)
+
+
+def split_model_spec(spec: str):
+    """(codec spec, param_cutoff, lossless) from a model spec string; SpecError for bad values."""
+    if not isinstance(spec, str):
+        spec = str(spec)
+    name, _, rest = spec.partition(":")
+    keys, model = [], dict(_MODEL_KEYS)
+    for item in filter(None, rest.split(",")):
+        key, _, value = item.partition("=")
+        if key.strip() in model:
+            model[key.strip()] = value.strip()
+        else:
+            keys.append(item)
+    try:
+        cutoff = int(model["param_cutoff"])
+    except ValueError:
+        cutoff = -1
+    if cutoff < 0:
+        raise SpecError(f"gradzip: spec {spec!r}: param_cutoff must be an integer ≥ 0, got {model['param_cutoff']!r}")
+    if model["lossless"] not in _LOSSLESS:
+        raise SpecError(f"gradzip: spec {spec!r}: unknown lossless stage {model['lossless']!r}; valid: "
+                        + ", ".join(_LOSSLESS))
+    return name + (":" + ",".join(keys) if keys else ""), cutoff, model["lossless"]
+
+
+def _leaves(model, path, out):
+    if isinstance(model, torch.nn.Module):
+        model = model.state_dict()
+    if isinstance(model, torch.Tensor):
+        out.append((path, model))
+    elif isinstance(model, dict):
+        for key, value in model.items():
+            if not isinstance(key, str):
+                raise TypeError(f"gradzip: model keys are strings; {path or 'the model'} has key {key!r}")
+            _leaves(value, f"{path}.{key}" if path else key, out)
+    elif isinstance(model, (list, tuple)):
+        for i, value in enumerate(model):
+            _leaves(value, f"{path}.{i}" if path else str(i), out)
+    else:
+        raise TypeError(f"gradzip: a model's leaves are tensors; {path or 'the model'} is a {type(model).__name__}")
+    return out
+
+
+def _flatten(model, batched: bool):
+    if batched and not isinstance(model, (list, tuple, dict)):
+        raise TypeError(f"gradzip: batched=True takes a list or dict of models, not a {type(model).__name__}")
+    if not batched and isinstance(model, (list, tuple)):
+        raise TypeError("gradzip: a list of models needs batched=True")
+    return _leaves(model, "", [])
+
+
+def _rebuild(like, values):
+    if isinstance(like, torch.nn.Module):
+        like = like.state_dict()
+    if isinstance(like, torch.Tensor):
+        return next(values)
+    if isinstance(like, dict):
+        return type(like)((key, _rebuild(value, values)) for key, value in like.items())
+    return type(like)(_rebuild(value, values) for value in like)
+
+
+def _exact_bytes(t: torch.Tensor) -> bytes:
+    t = t.detach().to("cpu").contiguous()
+    return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
+
+
+def compress_model(model, spec: str, batched: bool = False, state: Optional[ModelState] = None) -> bytes:
+    """The bytes of `model` under `spec` (see the module doc); with a ModelState, each
+    compressed entry keeps its error-feedback residual across calls."""
+    codec_spec, cutoff, lossless = split_model_spec(spec)
+    leaves = _flatten(model, batched)
+    chunks = [_HEADER.pack(MAGIC, VERSION, _LOSSLESS.index(lossless), _BATCHED if batched else 0, len(leaves))]
+    for path, tensor in leaves:
+        if tensor.dtype not in _DTYPES:
+            raise TypeError(f"gradzip: {path} has dtype {tensor.dtype}, which the model container does not store")
+        lossy = tensor.is_floating_point() and tensor.numel() >= max(cutoff, 1)
+        if lossy:
+            if not _C.all_finite(tensor.detach().to("cpu", torch.float32).contiguous().view(-1)):
+                raise ValueError(f"gradzip: {path} holds Inf or NaN: no codec's bound covers them")
+            raw = encode(tensor, codec_spec, state.entry(path) if state is not None else None)
+        else:
+            raw = _exact_bytes(tensor)
+        stored = _C.lossless_compress(lossless, raw)
+        name = path.encode()
+        chunks += [struct.pack("<H", len(name)), name,
+                   _ENTRY.pack(_PAYLOAD if lossy else _EXACT, _DTYPES.index(tensor.dtype), tensor.dim(), len(raw),
+                               len(stored)),
+                   struct.pack(f"<{tensor.dim()}Q", *tensor.shape), stored]
+    body = b"".join(chunks)
+    return body + struct.pack("<I", zlib.crc32(body))
+
+
+class _Reader:
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def take(self, size: int, what: str) -> bytes:
+        if size > len(self.data) - self.at:
+            raise _C.PayloadError(f"gradzip: invalid model container: truncated: {what} needs {size} bytes at "
+                                  f"offset {self.at}, only {len(self.data) - self.at} left")
+        self.at += size
+        return self.data[self.at - size:self.at]
+
+    def unpack(self, layout: struct.Struct, what: str):
+        return layout.unpack(self.take(layout.size, what))
+
+
+def _fail(why: str):
+    raise _C.PayloadError(f"gradzip: invalid model container: {why}")
+
+
+def read_container(data: bytes):
+    """(lossless method, batched, [(path, storage, dtype, shape, raw size, stored bytes)]):
+    the container's entries, with its framing checked (magic, version, CRC-32, lengths)."""
+    data = bytes(data)
+    if len(data) < _HEADER.size + 4:
+        _fail(f"{len(data)} bytes, fewer than its header and checksum")
+    if data[:8] != MAGIC:
+        _fail("not a gradzip model container (bad magic)")
+    body, (crc,) = data[:-4], struct.unpack("<I", data[-4:])
+    if zlib.crc32(body) != crc:
+        _fail("the CRC-32 does not match: the bytes were damaged")
+    r = _Reader(body)
+    _, version, lossless, flags, count = r.unpack(_HEADER, "header")
+    if version != VERSION:
+        _fail(f"format version {version}, this build reads version {VERSION}")
+    if lossless >= len(_LOSSLESS):
+        _fail(f"unknown lossless stage {lossless}")
+    if flags & ~_BATCHED:
+        _fail(f"unknown flags {flags}")
+    entries = []
+    for _ in range(count):
+        (length,) = struct.unpack("<H", r.take(2, "an entry name's length"))
+        try:
+            path = r.take(length, "an entry name").decode()
+        except UnicodeDecodeError:
+            _fail(f"entry {len(entries)}'s name is not UTF-8")
+        storage, dtype, ndim, raw_size, stored_size = r.unpack(_ENTRY, f"entry {path!r}")
+        if storage not in (_PAYLOAD, _EXACT):
+            _fail(f"entry {path!r} has unknown storage {storage}")
+        if dtype >= len(_DTYPES):
+            _fail(f"entry {path!r} has unknown dtype {dtype}")
+        shape = struct.unpack(f"<{ndim}Q", r.take(8 * ndim, f"entry {path!r}'s shape"))
+        stored = r.take(stored_size, f"entry {path!r}'s bytes")
+        entries.append((path, storage, _DTYPES[dtype], shape, raw_size, stored))
+    if r.at != len(body):
+        _fail(f"{len(body) - r.at} bytes follow the last entry")
+    return _LOSSLESS[lossless], bool(flags & _BATCHED), entries
+
+
+def decompress_model(data: bytes, like, batched: bool = False):
+    """The model compress_model() turned into `data`, shaped like `like` (a Module gives a
+    state dict; dicts and lists keep their type), each tensor on its `like` tensor's device."""
+    lossless, was_batched, entries = read_container(data)
+    if was_batched != batched:
+        _fail(f"it was written with batched={was_batched}, read with batched={batched}")
+    expected = _flatten(like, batched)
+    if len(entries) != len(expected):
+        _fail(f"it holds {len(entries)} tensors, the model {len(expected)}")
+    values = []
+    for (path, storage, dtype, shape, raw_size, stored), (want, tensor) in zip(entries, expected):
+        if path != want:
+            _fail(f"entry {path!r} where the model has {want!r}")
+        if dtype != tensor.dtype or tuple(shape) != tuple(tensor.shape):
+            _fail(f"entry {path!r} is {dtype} {list(shape)}, the model's is {tensor.dtype} {list(tensor.shape)}")
+        numel = tensor.numel()
+        exact_size = numel * tensor.element_size()
+        limit = exact_size if storage == _EXACT else 8 * numel + 1024  # above every codec's largest payload
+        if raw_size > limit or (storage == _EXACT and raw_size != exact_size):
+            _fail(f"entry {path!r} says {raw_size} bytes, {'exactly' if storage == _EXACT else 'at most'} {limit} fit")
+        if storage == _PAYLOAD and not tensor.is_floating_point():
+            _fail(f"entry {path!r} is a codec payload, but its dtype {dtype} is not floating")
+        raw = _C.lossless_decompress(lossless, stored, raw_size)
+        if storage == _EXACT:
+            value = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(tensor.shape) \
+                if numel else torch.empty(tensor.shape, dtype=dtype)
+            values.append(value.to(tensor.device))
+        else:
+            values.append(decode(raw, like=tensor))
+    return _rebuild(like, iter(values))
+
+
+def model_stats(data: bytes) -> dict:
+    """Bit accounting of a container, as TFF reports it per round: `dense_bits` (every
+    tensor at its own dtype's width), `sent_bits` (the container's bytes × 8, framing
+    included), and per entry its `dense_bits`, `sent_bits` and storage."""
+    _, _, entries = read_container(data)
+    per_entry, dense = {}, 0
+    for path, storage, dtype, shape, _, stored in entries:
+        numel = 1
+        for d in shape:
+            numel *= d
+        bits = numel * torch.empty((), dtype=dtype).element_size() * 8
+        dense += bits
+        per_entry[path] = {"dense_bits": bits, "sent_bits": len(stored) * 8,
+                           "storage": "codec" if storage == _PAYLOAD else "exact"}
+    return {"dense_bits": dense, "sent_bits": len(bytes(data)) * 8, "entries": per_entry}
