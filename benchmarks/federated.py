@@ -10,11 +10,20 @@
     the decoded updates and broadcasts that through STC at density 0.002 with the
     server's residual; every client applies the broadcast, so all stay in sync. Against
     the same federated averaging uncompressed.
-(b) 8-bit federated averaging: the small CNN of examples/fashion_mnist.py, same clients
-    and rounds; the server broadcasts the model and the clients send their updates, each
-    variable with more than 10000 elements quantized to 8 bits (uniform levels over the
-    tensor's max magnitude, stochastic rounding: qsgd:bits=8,norm=max with one bucket per
-    tensor), the others as they are (identity). Against 32-bit.
+(b) 8-bit federated averaging (TFF's rule): the small CNN of examples/fashion_mnist.py,
+    same clients and rounds; the server broadcasts the model and the clients send their
+    updates through the codec `uniform`: each variable with more than 10000 elements
+    quantized to 8 bits between its min and max with stochastic rounding, the others as
+    fp32. Against 32-bit.
+(c) Whole-model compression for a federated server (APPFL's setting): 10 clients train the
+    small CNN locally (20 iterations per round), upload their models through
+    gradzip.codec.compress_model, and the server averages what it decompresses, for 20
+    rounds. For each codec at the same error bound: compression ratio, the largest error
+    over its bound (every lossy tensor of every upload), compress and decompress MB/s
+    (model bytes over the time of the calls), and the accuracy after the last round.
+    Side by side, when the package is importable, APPFL's own ZFPCompressor on the same
+    models and bounds (benchmarks/appfl.sh installs it into its own environment and runs
+    this experiment there).
 
 Bits are the payloads' sizes (gradzip's 16-byte header included): "up" sums the drawn
 clients' uploads, "down" the broadcasts they receive, per round. Prints a table per
@@ -141,6 +150,123 @@ def federated(make_model, up, down, args, data, label, broadcast_model=False):
     return rounds
 
 
+class GradzipModelCodec:
+    """gradzip.codec.compress_model with one spec."""
+
+    def __init__(self, name, spec):
+        self.name, self.spec = name, spec
+
+    def compress(self, state):
+        return gradzip.codec.compress_model(state, self.spec)
+
+    def decompress(self, data, model):
+        return gradzip.codec.decompress_model(data, like=model)
+
+
+class AppflZfp:
+    """APPFL's ZFPCompressor (REL bound, zstd, the same param_cutoff)."""
+
+    def __init__(self, bound, cutoff):
+        from appfl.compressor import ZFPCompressor
+        from omegaconf import OmegaConf
+        self.name = f"APPFL ZFPCompressor REL {bound:g}"
+        self.compressor = ZFPCompressor(OmegaConf.create(dict(
+            lossless_compressor="zstd", error_bounding_mode="REL", error_bound=bound, param_cutoff=cutoff)))
+
+    def compress(self, state):
+        return self.compressor.compress_model(state)
+
+    def decompress(self, data, model):
+        return self.compressor.decompress_model(data, model)
+
+
+def appfl_available():
+    try:
+        import appfl.compressor  # noqa: F401
+        import omegaconf  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+def federated_models(method, bound, args, data, cutoff):
+    """(c): clients upload whole models through `method`; the server averages them."""
+    train_x, train_y, test_x, test_y = data
+    torch.manual_seed(args.seed)
+    server = SmallCNN()
+    shards = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed)).chunk(args.model_clients)
+    draw = torch.Generator().manual_seed(args.seed + 1)
+    raw_bytes = sum(t.numel() * t.element_size() for t in server.state_dict().values())
+    sent = compress_s = decompress_s = 0.0
+    worst = 0.0
+    uploads = 0
+    for round_ in range(args.rounds):
+        received = []
+        for c in range(args.model_clients):
+            model = SmallCNN()
+            model.load_state_dict(server.state_dict())
+            opt = torch.optim.SGD(model.parameters(), lr=args.model_lr, momentum=0.9)
+            for _ in range(args.model_local_iterations):
+                batch = shards[c][torch.randint(len(shards[c]), (args.batch_size,), generator=draw)]
+                opt.zero_grad()
+                F.cross_entropy(model(train_x[batch]), train_y[batch]).backward()
+                opt.step()
+            state = model.state_dict()
+            if method is None:
+                received.append(state)
+                sent += raw_bytes
+                continue
+            start = time.perf_counter()
+            blob = method.compress(state)
+            middle = time.perf_counter()
+            back = method.decompress(blob, model)
+            compress_s += middle - start
+            decompress_s += time.perf_counter() - middle
+            sent += len(blob)
+            uploads += 1
+            for name, t in state.items():
+                if bound is not None and t.is_floating_point() and t.numel() >= cutoff and "weight" in name:  # lossy in both
+                    eb = bound * (t.max() - t.min()).item()
+                    worst = max(worst, (back[name].double() - t.double()).abs().max().item() / eb)
+            received.append(back)
+        server.load_state_dict({k: torch.stack([r[k].float() for r in received]).mean(0).to(v.dtype)
+                                for k, v in server.state_dict().items()})
+    row = {"run": method.name if method else "fp32 (uncompressed)", "bound": bound,
+           "ratio": raw_bytes * args.rounds * args.model_clients / sent,
+           "max_error_over_bound": worst if method and bound is not None else None,
+           "compress_MBps": raw_bytes * uploads / 1e6 / compress_s if uploads else None,
+           "decompress_MBps": raw_bytes * uploads / 1e6 / decompress_s if uploads else None,
+           "accuracy": accuracy(server, test_x, test_y)}
+    error = row["max_error_over_bound"]
+    print(f"{row['run']:<34} | {row['ratio']:>6.2f}x | " + (f"{error:>9.3f}" if error is not None else f"{'-':>9}") + " | "
+          + (f"{row['compress_MBps']:>8.0f} | {row['decompress_MBps']:>8.0f}" if uploads else f"{'-':>8} | {'-':>8}")
+          + f" | {row['accuracy']:>7.2%}", flush=True)
+    return row
+
+
+def model_compression(args, data):
+    cutoff = 1024
+    have_appfl = appfl_available()
+    if args.require_appfl and not have_appfl:
+        sys.exit("federated.py: --require-appfl, but appfl (with omegaconf, zfpy, zstd) is not importable")
+    print(f"\n(c) whole-model compression: small CNN, {args.model_clients} clients, {args.rounds} rounds of "
+          f"{args.model_local_iterations} local iterations, uploads through each codec (REL bounds, "
+          f"param_cutoff {cutoff}, zstd)" + ("" if have_appfl else "; APPFL not installed: benchmarks/appfl.sh"))
+    header = f"{'run':<34} | {'ratio':>7} | {'err/bound':>9} | {'comp MB/s':>8} | {'dec MB/s':>8} | {'final':>7}"
+    print(header)
+    print("-" * len(header))
+    rows = [federated_models(None, None, args, data, cutoff)]
+    for bound in [float(b) for b in args.bounds.split(",")]:
+        methods = [GradzipModelCodec(f"gradzip sz REL {bound:g}", f"sz:mode=rel,bound={bound:g},param_cutoff={cutoff}"),
+                   GradzipModelCodec(f"gradzip zfp REL {bound:g}", f"zfp:mode=rel,bound={bound:g},param_cutoff={cutoff}")]
+        if have_appfl:
+            methods.append(AppflZfp(bound, cutoff))
+        rows += [federated_models(m, bound, args, data, cutoff) for m in methods]
+    rows.append(federated_models(GradzipModelCodec("gradzip uniform (TFF 8-bit)", f"uniform:param_cutoff={cutoff}"),
+                                 None, args, data, cutoff))
+    return rows
+
+
 def table(title, results, baseline):
     print(f"\n{title}")
     header = f"{'run':<28} | {'acc r1':>7} | {'acc r2':>7} | {'acc r3':>7} | {'final':>7} | " \
@@ -167,13 +293,18 @@ def main():
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--lr", type=float, default=0.04)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--experiments", default="stc,8bit", help="stc, 8bit or both (comma-separated)")
+    parser.add_argument("--experiments", default="stc,8bit,model", help="stc, 8bit, model (comma-separated)")
+    parser.add_argument("--bounds", default="1e-2,1e-3", help="(c): REL error bounds")
+    parser.add_argument("--require-appfl", action="store_true", help="(c): fail when APPFL is not importable")
     parser.add_argument("--quick", action="store_true", help="3 rounds, 10 clients (seconds)")
+    parser.add_argument("--model-clients", type=int, default=10, help="(c): clients, all drawn every round")
+    parser.add_argument("--model-local-iterations", type=int, default=20, help="(c): local SGD steps per round")
+    parser.add_argument("--model-lr", type=float, default=0.02, help="(c): local SGD (momentum 0.9) learning rate")
     parser.add_argument("--verbose", action="store_true", help="a line per round")
     parser.add_argument("--json", default="benchmarks/results/federated.json")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.clients = 3, 10
+        args.rounds, args.clients, args.model_clients, args.model_local_iterations = 3, 10, 3, 5
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     data = (*load("train"), *load("test"))
     out = {"host": platform.node(), "cores": os.cpu_count(), "args": vars(args)}
@@ -192,7 +323,7 @@ def main():
 
     if "8bit" in args.experiments:
         def eight_bit(t):
-            return f"qsgd:bits=8,norm=max,bucket={t.numel()}" if t.numel() > 10000 else None
+            return "uniform"  # TFF's rule: 8 bits above 10000 elements, fp32 below
         fedavg8 = {
             "fedavg (fp32)": federated(SmallCNN, None, None, args, data, "fedavg (fp32)", broadcast_model=True),
             "8-bit broadcast + updates": federated(
@@ -202,6 +333,9 @@ def main():
         table("(b) 8-bit federated averaging, small CNN (tensors > 10000 elements quantized)", fedavg8,
               "fedavg (fp32)")
         out["8bit"] = fedavg8
+
+    if "model" in args.experiments:
+        out["model"] = model_compression(args, data)
 
     path = Path(args.json)
     path.parent.mkdir(parents=True, exist_ok=True)

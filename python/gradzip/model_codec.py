@@ -8,7 +8,10 @@ two keys of the model container:
 - `param_cutoff` (default 1024): float tensors with fewer elements are stored exactly;
 - `lossless` (default zstd; none, zstd, blosc): the stage after the codec, on every entry.
 Non-float tensors (step counters, masks) are stored exactly. Float tensors that hold Inf
-or NaN are refused (ValueError naming the entry): no codec bound covers them.
+or NaN are refused (ValueError naming the entry): no codec bound covers them. Codecs
+work in fp32; with an error-bounded codec (sz, zfp) an fp16, bf16 or fp64 tensor whose
+values, cast back to its dtype, would leave the bound is stored exactly instead, so the
+bound holds on every element in the tensor's own dtype.
 
 A model is a torch.nn.Module, a state dict, or dicts of them nested; with batched=True, a
 list or dict of models (clients' models sent in one message). Only tensors are leaves.
@@ -26,7 +29,7 @@ import torch
 
 from ._extension import _C
 from .codec import State, decode, encode
-from .options import SpecError
+from .options import SpecError, bind_spec
 
 MAGIC = b"GZMODEL\0"
 VERSION = 1
@@ -87,6 +90,37 @@ def split_model_spec(spec: str):
     return name + (":" + ",".join(keys) if keys else ""), cutoff, model["lossless"]
 
 
+def _error_bound(codec_spec: str):
+    """(relative, bound) for an error-bounded codec (one with the keys mode and bound),
+    its defaults from the codec registry; None for other codecs."""
+    spec = bind_spec(codec_spec)
+    kind = next(k for k in _C.codec_kinds() if k["name"] == spec.codec.partition(":")[0])
+    defaults = {key["name"]: key["default"] for key in kind["keys"]}
+    if "mode" not in defaults or "bound" not in defaults:
+        return None
+    params = dict(defaults, **spec.params)
+    return params["mode"] == "rel", float(params["bound"])
+
+
+def _tightened_spec(codec_spec: str, tensor: torch.Tensor, error_bound):
+    """For an fp16, bf16 or fp64 tensor, the codec spec (mode=abs) whose bound leaves room
+    for the roundings between the tensor's dtype and the codec's fp32: bound − half an ulp
+    at the largest magnitude, in the coarser of the two. None when nothing is left."""
+    relative, bound = error_bound
+    x = tensor.detach().to("cpu", torch.float64)
+    if relative:
+        bound = bound * (x.max() - x.min()).item() if x.numel() else 0.0
+    coarse = tensor.dtype if tensor.dtype != torch.float64 else torch.float32
+    info = torch.finfo(coarse)
+    largest = (x.abs().max().item() if x.numel() else 0.0) + bound
+    tight = bound - max(info.eps * largest, info.tiny * info.eps) / 2
+    if not tight > 0.0:
+        return None
+    name, _, rest = codec_spec.partition(":")
+    keys = [item for item in rest.split(",") if item and item.partition("=")[0] not in ("mode", "bound")]
+    return f"{name}:" + ",".join(keys + ["mode=abs", f"bound={tight!r}"]), bound
+
+
 def _leaves(model, path, out):
     if isinstance(model, torch.nn.Module):
         model = model.state_dict()
@@ -132,6 +166,7 @@ def compress_model(model, spec: str, batched: bool = False, state: Optional[Mode
     """The bytes of `model` under `spec` (see the module doc); with a ModelState, each
     compressed entry keeps its error-feedback residual across calls."""
     codec_spec, cutoff, lossless = split_model_spec(spec)
+    error_bound = _error_bound(codec_spec)
     leaves = _flatten(model, batched)
     chunks = [_HEADER.pack(MAGIC, VERSION, _LOSSLESS.index(lossless), _BATCHED if batched else 0, len(leaves))]
     for path, tensor in leaves:
@@ -141,7 +176,13 @@ def compress_model(model, spec: str, batched: bool = False, state: Optional[Mode
         if lossy:
             if not _C.all_finite(tensor.detach().to("cpu", torch.float32).contiguous().view(-1)):
                 raise ValueError(f"gradzip: {path} holds Inf or NaN: no codec's bound covers them")
-            raw = encode(tensor, codec_spec, state.entry(path) if state is not None else None)
+            entry_spec = codec_spec
+            if error_bound and tensor.dtype != torch.float32:
+                tightened = _tightened_spec(codec_spec, tensor, error_bound)
+                lossy = tightened is not None  # a bound finer than the dtype rounds: stored exactly
+                entry_spec = tightened[0] if lossy else None
+        if lossy:
+            raw = encode(tensor, entry_spec, state.entry(path) if state is not None else None)
         else:
             raw = _exact_bytes(tensor)
         stored = _C.lossless_compress(lossless, raw)
