@@ -27,7 +27,7 @@ struct CodecParameters {
   double density = 0.0;   // topk, randomk, stc
   bool approx = false;    // topk, stc: threshold from a sample
   bool unbiased = false;  // randomk
-  int64_t block = 0;      // sign: elements per scale (0 = plain signs)
+  int64_t block = 0;      // sign: elements per scale (0 = plain signs); polar: elements per code block
   bool majority = false;  // sign: vote=majority
   int levels = 0;         // qsgd
   int64_t bucket = 0;     // qsgd
@@ -39,6 +39,8 @@ struct CodecParameters {
   int bits = 0;                // uniform: bits per element
   int64_t threshold = 0;       // uniform: tensors of at most this many elements go as fp32
   bool stochastic_rounding = true;  // uniform
+  double rate = 0.0;           // polar: free bits per sign
+  int list_size = 1;           // polar: successive-cancellation list size
 };
 
 // Device memory for the device halves: 256-byte aligned, valid until the arena goes

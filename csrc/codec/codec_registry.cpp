@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "codec/cast_codecs.h"
+#include "codec/polar_codec.h"
 #include "codec/qsgd_codec.h"
 #include "codec/randomk_codec.h"
 #include "codec/sign_codec.h"
@@ -26,7 +27,7 @@ std::string names() {
 const std::vector<const CodecRecord*>& codec_records() {
   static const std::vector<const CodecRecord*> records = {
       &identity_record(), &fp16_record(), &bf16_record(), &topk_record(),
-      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(), &zfp_record(),
+      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(), &zfp_record(), &polar_record(),
   };
   return records;
 }

@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "codec/lossless.h"
+#include "codec/polar_code.h"
 #include "gradzip/bound_spec.h"
 #include "python/bindings.h"
 #ifdef GRADZIP_WITH_CUDA
@@ -96,6 +97,27 @@ void bind_codec(py::module_& m) {
       },
       py::arg("method"), py::arg("data"), py::arg("raw_size"),
       "The raw_size bytes lossless_compress() turned into `data`; PayloadError otherwise.");
+  m.def(
+      "polar_transform",
+      [](const py::bytes& bits, int m) {
+        std::string u = bits;
+        if (m < 0 || m > polar::kMaxM || u.size() != (size_t{1} << m)) {
+          throw std::invalid_argument("gradzip: polar_transform takes 2^m bytes of bits, m in [0, 20]");
+        }
+        polar::transform(reinterpret_cast<uint8_t*>(u.data()), m);
+        return py::bytes(u);
+      },
+      py::arg("bits"), py::arg("m"), "x = u·F^{⊗m} over GF(2), one byte per bit (the polar codec's transform).");
+  m.def(
+      "polar_frozen_mask",
+      [](int m, int free) {
+        if (m < 0 || m > 16 || free < 0 || free > (1 << m)) {
+          throw std::invalid_argument("gradzip: polar_frozen_mask takes m in [0, 16] and 0 <= free <= 2^m");
+        }
+        const auto mask = polar::frozen_mask(m, free);
+        return py::bytes(reinterpret_cast<const char*>(mask.data()), mask.size());
+      },
+      py::arg("m"), py::arg("free"), "The polar codec's frozen set for 2^m bits with `free` free ones (1 = frozen).");
 #ifdef GRADZIP_WITH_CUDA
   // The GPU codecs, for tests and benchmarks: the same bytes as encode()/decode_add().
   m.def(

@@ -44,7 +44,8 @@ const std::vector<std::string> kSpecs = {
     "stc:density=0.01", "stc:density=0.3", "sign", "sign:vote=majority", "sign:block=100",
     "qsgd:bits=4", "qsgd:bits=8,bucket=128", "qsgd:levels=1,norm=max", "qsgd:bits=3,bucket=100",
     "uniform:threshold=0", "uniform", "uniform:bits=5,threshold=10,rounding=nearest",
-    "sz", "sz:mode=abs,bound=0.01,predictor=lorenzo", "zfp", "zfp:mode=abs,bound=1e-4"};
+    "sz", "sz:mode=abs,bound=0.01,predictor=lorenzo", "zfp", "zfp:mode=abs,bound=1e-4",
+    "polar", "polar:rate=0.25,block=256,list=2"};
 
 TEST(CodecTest, HeaderNamesCodecAndCount) {
   for (const auto& spec : kSpecs) {

@@ -1,10 +1,11 @@
 // The error-bounded codecs (sz, zfp) keep |x̂ − x| ≤ eb on every element of random and
 // adversarial inputs; uniform stays within one quantization step; the lossless stage
-// round-trips and refuses corrupt streams.
+// round-trips and refuses corrupt streams; polar's sign distortion nears its bound.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 
@@ -160,6 +161,53 @@ TEST(LosslessTest, RoundTripsAndRefusesCorruptStreams) {
   }
   EXPECT_THROW(lossless::method_from_name("lz4"), SpecError);
   EXPECT_THROW(lossless::method_from_byte(9), PayloadError);
+}
+
+}  // namespace
+}  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+// Gaussian input: its signs are a Bernoulli(1/2) source. At rate 0.5 the rate–distortion
+// bound is D = 0.110; the polar codec must come within 10% of it.
+TEST(PolarCodecTest, SignDistortionAtRateOneHalfIsWithinTenPercentOfTheBound) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(16 * 4096 + 1000);  // a partial last block too
+  for (auto& v : x) v = normal(rng);
+  const auto payload = encode("polar:rate=0.5,block=4096", x);
+  EXPECT_EQ(payload.size(), kPayloadHeaderBytes + 8 + 17 * 4 + (16 * 2048 + 512 + 7) / 8);
+  const auto y = decode(payload, x.size());
+  int64_t flipped = 0;
+  for (size_t i = 0; i < 16 * 4096; ++i) flipped += std::signbit(x[i]) != std::signbit(y[i]);
+  const double distortion = static_cast<double>(flipped) / (16 * 4096);
+  EXPECT_LE(distortion, 1.1 * 0.110) << distortion;
+  EXPECT_GE(distortion, 0.105) << distortion;  // no code of rate 1/2 beats the bound by much
+  // The scale is the least-squares one: decoded · x ≥ 0 per block, and MSE below plain sign's.
+  double polar_error = 0.0, zero_error = 0.0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    polar_error += (y[i] - x[i]) * (y[i] - x[i]);
+    zero_error += x[i] * x[i];
+  }
+  EXPECT_LT(polar_error, zero_error);
+}
+
+TEST(PolarCodecTest, HostileBlockParametersAreRefused) {
+  std::vector<float> x(5000, 1.0f);
+  auto payload = encode("polar:block=1024", x);
+  for (uint32_t block : {0u, 1u, 1000u, 1u << 17}) {
+    auto bad = payload;
+    std::memcpy(bad.data() + kPayloadHeaderBytes, &block, 4);
+    EXPECT_THROW(decode(bad, x.size()), PayloadError) << block;
+  }
+  auto bad = payload;
+  const uint32_t too_many = 2000;
+  std::memcpy(bad.data() + kPayloadHeaderBytes + 4, &too_many, 4);
+  EXPECT_THROW(decode(bad, x.size()), PayloadError);
+  for (const char* spec : {"polar:rate=0", "polar:block=1000", "polar:list=9", "polar:rate=1.5"}) {
+    EXPECT_THROW(make_codec(parse_spec(spec)), SpecError) << spec;
+  }
 }
 
 }  // namespace

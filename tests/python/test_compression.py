@@ -10,7 +10,8 @@ from ranks import run_ranks
 
 SPECS = ["topk:density=0.05", "topk:density=0.05,approx=1", "randomk:density=0.1", "stc:density=0.05",
          "sign", "sign:vote=majority", "qsgd:bits=4", "qsgd:bits=8,bucket=128,norm=max", "fp16", "bf16",
-         "identity", "sz:mode=abs,bound=1e-3", "zfp:mode=rel,bound=1e-2", "uniform:threshold=0"]
+         "identity", "sz:mode=abs,bound=1e-3", "zfp:mode=rel,bound=1e-2", "uniform:threshold=0",
+         "polar:rate=0.5,block=256"]
 
 
 def grad_like(numel, rank, step, salt=0):
