@@ -15,8 +15,8 @@
     updates through the codec `uniform`: each variable with more than 10000 elements
     quantized to 8 bits between its min and max with stochastic rounding, the others as
     fp32. Against 32-bit.
-(c) Whole-model compression for a federated server (APPFL's setting): 10 clients train the
-    small CNN locally (20 iterations per round), upload their models through
+(c) Whole-model compression for a federated server (APPFL's setting): 5 clients train the
+    small CNN locally (10 iterations per round), upload their models through
     gradzip.codec.compress_model, and the server averages what it decompresses, for 20
     rounds. For each codec at the same error bound: compression ratio, the largest error
     over its bound (every lossy tensor of every upload), compress and decompress MB/s
@@ -297,8 +297,8 @@ def main():
     parser.add_argument("--bounds", default="1e-2,1e-3", help="(c): REL error bounds")
     parser.add_argument("--require-appfl", action="store_true", help="(c): fail when APPFL is not importable")
     parser.add_argument("--quick", action="store_true", help="3 rounds, 10 clients (seconds)")
-    parser.add_argument("--model-clients", type=int, default=10, help="(c): clients, all drawn every round")
-    parser.add_argument("--model-local-iterations", type=int, default=20, help="(c): local SGD steps per round")
+    parser.add_argument("--model-clients", type=int, default=5, help="(c): clients, all drawn every round")
+    parser.add_argument("--model-local-iterations", type=int, default=10, help="(c): local SGD steps per round")
     parser.add_argument("--model-lr", type=float, default=0.02, help="(c): local SGD (momentum 0.9) learning rate")
     parser.add_argument("--verbose", action="store_true", help="a line per round")
     parser.add_argument("--json", default="benchmarks/results/federated.json")

@@ -10,12 +10,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-15}
 BUILD=build-fuzz
-TARGETS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8 peer_header:0)
+TARGETS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8 sz:9 zfp:10 polar:11 uniform:12 peer_header:0)
 CXX=${FUZZ_CXX:-clang++}
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
 launcher=$(command -v ccache || true)
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
        -Iinclude -Icsrc)
+libraries=(-lzfp -lzstd -lblosc)  # the error-bounded codecs and the lossless stage (Debian)
 
 mkdir -p "$BUILD/obj" "$BUILD/findings"
 objects=()
@@ -35,10 +36,10 @@ for entry in "${TARGETS[@]}"; do
   codec=${entry%%:*} id=${entry##*:}
   binary="$BUILD/fuzz_$codec"
   if [ "$codec" = peer_header ]; then
-    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer tests/fuzz/peer_header_fuzzer.cpp "${objects[@]}" -o "$binary"
+    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer tests/fuzz/peer_header_fuzzer.cpp "${objects[@]}" "${libraries[@]}" -o "$binary"
   else
     $launcher $CXX "${flags[@]}" -fsanitize=fuzzer -DGRADZIP_FUZZ_CODEC="$id" tests/fuzz/decode_fuzzer.cpp \
-      "${objects[@]}" -o "$binary"
+      "${objects[@]}" "${libraries[@]}" -o "$binary"
   fi
   regressions="tests/fuzz/regressions/$codec"
   if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then

@@ -1,6 +1,7 @@
 """Writes the fuzzers' seed corpus: valid payloads of every codec, from small tensors with
 the shapes that reach each code path (ties, zeros, Inf, both STC position codings, QSGD
-widths, sign blocks, top-k's 4-byte indices and its coded positions), into tests/fuzz/corpus/<codec>/,
+widths, sign blocks, top-k's 4-byte indices and its coded positions, sz's exact values and
+Rice escapes, zfp's corrections, polar's partial blocks, uniform's widths), into tests/fuzz/corpus/<codec>/,
 and gossip message headers into tests/fuzz/corpus/peer_header/.
 
     .venv/bin/python tests/fuzz/make_corpus.py
@@ -23,6 +24,10 @@ SPECS = {
     "stc": ["stc:density=0.01", "stc:density=0.3", "stc:density=0.9"],
     "sign": ["sign", "sign:block=8", "sign:block=0", "sign:vote=majority"],
     "qsgd": ["qsgd:bits=2", "qsgd:bits=4", "qsgd:bits=8,bucket=16", "qsgd:bits=4,norm=max"],
+    "sz": ["sz:mode=abs,bound=1e-2", "sz:predictor=lorenzo", "sz:mode=abs,bound=1e-30"],
+    "zfp": ["zfp:mode=abs,bound=1e-2", "zfp", "zfp:mode=abs,bound=1e-30"],
+    "polar": ["polar:block=16", "polar:rate=0.25,block=64", "polar:rate=1,block=8"],
+    "uniform": ["uniform:threshold=0", "uniform:bits=3,threshold=0", "uniform"],
 }
 
 
