@@ -3,6 +3,7 @@
 // |x̂ − x| ≤ bound × (max − min) of the tensor (0 for a constant tensor: exact).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -17,10 +18,17 @@ void parse_error_bound(const Spec& spec, CodecParameters& p);
 // The absolute bound for u[0..n) under p. Throws std::invalid_argument when u holds Inf
 // or NaN (an error bound means nothing for them).
 double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec);
-// |x̂ − x| ≤ eb, compared exactly (in double, where both floats are exact).
+// |x̂ − x| ≤ eb, decided exactly. The difference of two floats in double is exact unless
+// their exponents lie far apart; then it may round onto eb itself, and the rounding error
+// (TwoSum's remainder) tells which side the exact difference lies on.
 inline bool within_bound(float reconstructed, float x, double eb) {
-  const double d = static_cast<double>(reconstructed) - static_cast<double>(x);
-  return d <= eb && -d <= eb;  // false for a non-finite reconstruction
+  const double a = reconstructed, c = -static_cast<double>(x);
+  const double d = a + c;
+  if (!(std::fabs(d) <= eb)) return false;  // NaN included
+  if (std::fabs(d) < eb) return true;       // the remainder is below half an ulp of d
+  const double cv = d - a;
+  const double remainder = (a - (d - cv)) + (c - cv);
+  return d > 0 ? remainder <= 0.0 : remainder >= 0.0;
 }
 
 }  // namespace gradzip

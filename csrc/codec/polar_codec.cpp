@@ -1,5 +1,6 @@
 #include "codec/polar_codec.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,19 +18,33 @@ namespace {
 
 constexpr uint32_t kMaxBlock = 1u << 16;
 
-// The frozen set of (m, K), designed once: a few milliseconds at m = 12, 60 ms at 16. At
-// most 32 are kept (a hostile stream of payloads cannot grow it without bound).
+// The frozen set of (m, K), designed once: a few milliseconds at m = 12, 60 ms at 16. The
+// 64 most recently used are kept, so a payload with unusual parameters (a hostile one
+// cycling through K) costs its own design but cannot evict the sets in steady use for
+// long, nor grow the cache.
 std::shared_ptr<const std::vector<uint8_t>> frozen_set(int m, uint32_t free) {
+  using Key = std::pair<int, uint32_t>;
+  struct Entry {
+    std::shared_ptr<const std::vector<uint8_t>> mask;
+    uint64_t used;
+  };
   static std::mutex mutex;
-  static std::map<std::pair<int, uint32_t>, std::shared_ptr<const std::vector<uint8_t>>> cache;
+  static std::map<Key, Entry> cache;
+  static uint64_t clock = 0;
   {
     const std::lock_guard<std::mutex> lock(mutex);
-    if (auto found = cache.find({m, free}); found != cache.end()) return found->second;
+    if (auto found = cache.find({m, free}); found != cache.end()) {
+      found->second.used = ++clock;
+      return found->second.mask;
+    }
   }
   auto mask = std::make_shared<const std::vector<uint8_t>>(polar::frozen_mask(m, static_cast<int>(free)));
   const std::lock_guard<std::mutex> lock(mutex);
-  if (cache.size() >= 32) cache.clear();
-  cache.emplace(std::make_pair(m, free), mask);
+  if (cache.size() >= 64) {
+    cache.erase(std::min_element(cache.begin(), cache.end(),
+                                 [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
+  }
+  cache[{m, free}] = Entry{mask, ++clock};
   return mask;
 }
 

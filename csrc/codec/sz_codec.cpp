@@ -40,30 +40,40 @@ inline uint64_t rice_code(uint32_t s, int k) {
   return ((uint64_t{1} << quotient) - 1) | ((uint64_t{s} & ((uint64_t{1} << k) - 1)) << (quotient + 1));
 }
 
-uint64_t rice_bits(const uint32_t* s, int64_t count, int k) {
-  uint64_t bits = 0;
-  for (int64_t i = 0; i < count; ++i) {  // branch-free: it vectorizes
-    const uint32_t quotient = s[i] >> k;
-    bits += quotient < kEscapeQuotient ? quotient + 1 + k : kEscapeQuotient + 1 + kRawSymbolBits;
+// The bits of one block's codes with Rice parameters k, k + 1 and k + 2, in one pass
+// (branch-free: it vectorizes; the same sums on every CPU).
+inline void rice_costs(const uint32_t* s, int64_t count, int k, uint64_t costs[3]) {
+  uint64_t a = 0, b = 0, c = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const uint32_t q0 = s[i] >> k, q1 = q0 >> 1, q2 = q0 >> 2;
+    a += q0 < kEscapeQuotient ? q0 : kEscapeQuotient + kRawSymbolBits - k;
+    b += q1 < kEscapeQuotient ? q1 : kEscapeQuotient + kRawSymbolBits - k - 1;
+    c += q2 < kEscapeQuotient ? q2 : kEscapeQuotient + kRawSymbolBits - k - 2;
   }
-  return bits;
+  const uint64_t n = static_cast<uint64_t>(count);
+  costs[0] = a + n * (1 + k), costs[1] = b + n * (2 + k), costs[2] = c + n * (3 + k);
+}
+__attribute__((target("avx2"))) void rice_costs_avx2(const uint32_t* s, int64_t count, int k, uint64_t costs[3]) {
+  rice_costs(s, count, k, costs);
 }
 
-// The Rice parameter with the fewest bits for one block (near log2 of the mean code),
-// and those bits.
-int rice_parameter(const uint32_t* s, int64_t count, uint64_t& best_bits) {
-  uint64_t total = 0;
-  for (int64_t i = 0; i < count; ++i) total += s[i];
-  const uint64_t mean = total / static_cast<uint64_t>(std::max<int64_t>(count, 1));
-  const int guess = mean ? std::bit_width(mean) - 1 : 0;
-  int best = guess;
-  best_bits = rice_bits(s, count, guess);
-  for (int k : {guess - 1, guess + 1}) {
-    if (k < 0 || k > kMaxRiceParameter) continue;
-    const uint64_t bits = rice_bits(s, count, k);
-    if (bits < best_bits) best = k, best_bits = bits;
+// The Rice parameter with the fewest bits for one block, and those bits. The cost is
+// convex in k: start from `hint` (the previous block's choice) and walk downhill.
+int rice_parameter(const uint32_t* s, int64_t count, int hint, bool avx2, uint64_t& best_bits) {
+  int low = std::clamp(hint - 1, 0, kMaxRiceParameter - 2);  // costs of low, low + 1, low + 2
+  int direction = 0;  // the first step picks it; a walk never turns back
+  for (;;) {
+    uint64_t costs[3];
+    avx2 ? rice_costs_avx2(s, count, low, costs) : rice_costs(s, count, low, costs);
+    const int best = costs[0] <= costs[1] ? (costs[0] <= costs[2] ? 0 : 2) : (costs[1] <= costs[2] ? 1 : 2);
+    const int step = best == 0 && low > 0 && direction <= 0 ? -1 : best == 2 && low + 2 < kMaxRiceParameter && direction >= 0 ? 1 : 0;
+    if (step == 0) {
+      best_bits = costs[best];
+      return low + best;
+    }
+    direction = step;
+    low = std::clamp(low + 2 * step, 0, kMaxRiceParameter - 2);
   }
-  return best;
 }
 
 // The symbol of x given its prediction (0: sent exactly), and the value the decoder will
@@ -215,6 +225,7 @@ class SzCodec final : public ValueCodec {
       }
     }
     if (position > limit) r.fail("the codes end before the last element");
+    if (exact_used != layout.exact) r.fail(std::to_string(layout.exact - exact_used) + " exact values left unused");
     if ((position + 7) / 8 != layout.codes.bytes) r.fail("bytes left over after the last code");
   }
 
@@ -235,16 +246,15 @@ class SzCodec final : public ValueCodec {
     } else {
       quantize_zero_predictor(u, n, step, inverse, eb, symbols.data());
     }
-    for (int64_t i = 0; i < n; ++i) {
-      if (symbols[i] == 0) exact.push_back(u[i]);
-    }
     const int64_t blocks = (n + kRiceBlock - 1) / kRiceBlock;
     std::vector<uint8_t> parameters(static_cast<size_t>(blocks));
     std::vector<uint64_t> block_bits(static_cast<size_t>(blocks));
     uint64_t total_bits = 0;
+    int hint = 4;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t begin = b * kRiceBlock, count = std::min(kRiceBlock, n - begin);
-      parameters[b] = static_cast<uint8_t>(rice_parameter(symbols.data() + begin, count, block_bits[b]));
+      hint = rice_parameter(symbols.data() + begin, count, hint, kHasAvx2, block_bits[b]);
+      parameters[b] = static_cast<uint8_t>(hint);
       total_bits += block_bits[b];
     }
     // Codes gather in a 64-bit accumulator (at most 7 bits carried + 51 new); each step
@@ -255,6 +265,7 @@ class SzCodec final : public ValueCodec {
     int filled = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int k = parameters[i / kRiceBlock];
+      if (symbols[i] == 0) exact.push_back(u[i]);
       carry |= rice_code(symbols[i], k) << filled;
       filled += rice_length(symbols[i], k);
       std::memcpy(at, &carry, 8);

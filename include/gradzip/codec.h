@@ -68,7 +68,7 @@ class Codec {
   // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
   // compresses x + residual and leaves in `residual` what was not sent. The error-bounded
   // codecs (sz, zfp) and uniform throw std::invalid_argument for Inf or NaN in x + residual
-  // (encode_unless_non_finite() never gives them any).
+  // (encode_unless_non_finite() keeps non-finite x from them; x + residual can still overflow).
   virtual void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                       std::vector<uint8_t>& out) const = 0;
 

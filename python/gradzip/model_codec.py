@@ -9,9 +9,11 @@ two keys of the model container:
 - `lossless` (default zstd; none, zstd, blosc): the stage after the codec, on every entry.
 Non-float tensors (step counters, masks) are stored exactly. Float tensors that hold Inf
 or NaN are refused (ValueError naming the entry): no codec bound covers them. Codecs
-work in fp32; with an error-bounded codec (sz, zfp) an fp16, bf16 or fp64 tensor whose
-values, cast back to its dtype, would leave the bound is stored exactly instead, so the
-bound holds on every element in the tensor's own dtype.
+work in fp32; with an error-bounded codec (sz, zfp) an fp16, bf16 or fp64 tensor is coded
+with its bound tightened for the roundings, and checked in its own dtype: where a value
+would still leave the bound (or round past the dtype's largest), it is stored exactly. So
+the bound holds on every element, in the tensor's own dtype. With a ModelState (error
+feedback) the bound holds for what each round sends: the tensor plus its residual.
 
 A model is a torch.nn.Module, a state dict, or dicts of them nested; with batched=True, a
 list or dict of models (clients' models sent in one message). Only tensors are leaves.
@@ -28,7 +30,7 @@ from typing import Optional
 import torch
 
 from ._extension import _C
-from .codec import State, decode, encode
+from .codec import State, decode, encode, header
 from .options import SpecError, bind_spec
 
 MAGIC = b"GZMODEL\0"
@@ -102,23 +104,57 @@ def _error_bound(codec_spec: str):
     return params["mode"] == "rel", float(params["bound"])
 
 
-def _tightened_spec(codec_spec: str, tensor: torch.Tensor, error_bound):
-    """For an fp16, bf16 or fp64 tensor, the codec spec (mode=abs) whose bound leaves room
-    for the roundings between the tensor's dtype and the codec's fp32: bound − half an ulp
-    at the largest magnitude, in the coarser of the two. None when nothing is left."""
+def _reference(tensor: torch.Tensor, entry_state) -> torch.Tensor:
+    """What the codec is asked to approximate, in float64: the tensor, plus the error-feedback
+    residual when its State adds one."""
+    x = tensor.detach().to("cpu", torch.float64).view(-1)
+    if entry_state is not None and entry_state.error_feedback and entry_state.residual is not None:
+        x = x + entry_state.residual.double()
+    return x
+
+
+def _tightened_spec(codec_spec: str, dtype: torch.dtype, reference: torch.Tensor, error_bound):
+    """For an fp16, bf16 or fp64 tensor: the codec spec (mode=abs) whose bound leaves room
+    for the roundings between the dtype and the codec's fp32 (half an ulp at the largest
+    magnitude, in the coarser of the two), and the bound itself. None when nothing is left."""
     relative, bound = error_bound
-    x = tensor.detach().to("cpu", torch.float64)
     if relative:
-        bound = bound * (x.max() - x.min()).item() if x.numel() else 0.0
-    coarse = tensor.dtype if tensor.dtype != torch.float64 else torch.float32
-    info = torch.finfo(coarse)
-    largest = (x.abs().max().item() if x.numel() else 0.0) + bound
+        bound = bound * (reference.max() - reference.min()).item() if reference.numel() else 0.0
+    info = torch.finfo(dtype if dtype != torch.float64 else torch.float32)
+    largest = (reference.abs().max().item() if reference.numel() else 0.0) + bound
     tight = bound - max(info.eps * largest, info.tiny * info.eps) / 2
     if not tight > 0.0:
         return None
     name, _, rest = codec_spec.partition(":")
     keys = [item for item in rest.split(",") if item and item.partition("=")[0] not in ("mode", "bound")]
     return f"{name}:" + ",".join(keys + ["mode=abs", f"bound={tight!r}"]), bound
+
+
+def _encode_entry(path, tensor, codec_spec, error_bound, entry_state):
+    """The entry's codec payload, or None when it must be stored exactly: an error-bounded
+    codec on an fp16, bf16 or fp64 tensor whose decoded values, in that dtype, would leave
+    the bound (the bound finer than the dtype, or a value rounding past its largest)."""
+    if not error_bound or tensor.dtype == torch.float32:
+        raw = encode(tensor, codec_spec, entry_state)
+        if not header(raw)["finite"]:  # the encoder's own check
+            raise ValueError(f"gradzip: {path} holds Inf or NaN: no codec's bound covers them")
+        return raw
+    if not bool(torch.isfinite(tensor).all()) or tensor.abs().max().item() > torch.finfo(torch.float32).max:
+        raise ValueError(f"gradzip: {path} holds Inf, NaN or values beyond fp32: no codec's bound covers them")
+    reference = _reference(tensor, entry_state)
+    tightened = _tightened_spec(codec_spec, tensor.dtype, reference, error_bound)
+    if tightened is None:
+        return None
+    saved = entry_state.state_dict() if entry_state is not None else None
+    if saved is not None and saved["residual"] is not None:
+        saved["residual"] = saved["residual"].clone()
+    raw = encode(tensor, tightened[0], entry_state)
+    decoded = decode(raw, like=tensor).to("cpu", torch.float64).view(-1)
+    if bool(torch.isfinite(decoded).all()) and bool(((decoded - reference).abs() <= tightened[1]).all()):
+        return raw
+    if entry_state is not None:
+        entry_state.load_state_dict(saved)  # nothing was sent through the codec
+    return None
 
 
 def _leaves(model, path, out):
@@ -158,7 +194,7 @@ def _rebuild(like, values):
 
 
 def _exact_bytes(t: torch.Tensor) -> bytes:
-    t = t.detach().to("cpu").contiguous()
+    t = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
     return t.view(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
 
 
@@ -173,17 +209,10 @@ def compress_model(model, spec: str, batched: bool = False, state: Optional[Mode
         if tensor.dtype not in _DTYPES:
             raise TypeError(f"gradzip: {path} has dtype {tensor.dtype}, which the model container does not store")
         lossy = tensor.is_floating_point() and tensor.numel() >= max(cutoff, 1)
-        if lossy:
-            if not _C.all_finite(tensor.detach().to("cpu", torch.float32).contiguous().view(-1)):
-                raise ValueError(f"gradzip: {path} holds Inf or NaN: no codec's bound covers them")
-            entry_spec = codec_spec
-            if error_bound and tensor.dtype != torch.float32:
-                tightened = _tightened_spec(codec_spec, tensor, error_bound)
-                lossy = tightened is not None  # a bound finer than the dtype rounds: stored exactly
-                entry_spec = tightened[0] if lossy else None
-        if lossy:
-            raw = encode(tensor, entry_spec, state.entry(path) if state is not None else None)
-        else:
+        raw = _encode_entry(path, tensor, codec_spec, error_bound,
+                            state.entry(path) if state is not None else None) if lossy else None
+        lossy = raw is not None
+        if not lossy:
             raw = _exact_bytes(tensor)
         stored = _C.lossless_compress(lossless, raw)
         name = path.encode()
@@ -277,6 +306,8 @@ def decompress_model(data: bytes, like, batched: bool = False):
             _fail(f"entry {path!r} is a codec payload, but its dtype {dtype} is not floating")
         raw = _C.lossless_decompress(lossless, stored, raw_size)
         if storage == _EXACT:
+            if dtype == torch.bool and raw and max(raw) > 1:
+                _fail(f"entry {path!r} is bool, but holds bytes other than 0 and 1")
             value = torch.frombuffer(bytearray(raw), dtype=torch.uint8).view(dtype).reshape(tensor.shape) \
                 if numel else torch.empty(tensor.shape, dtype=dtype)
             values.append(value.to(tensor.device))

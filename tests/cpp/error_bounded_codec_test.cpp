@@ -9,6 +9,7 @@
 #include <limits>
 #include <random>
 
+#include "codec/error_bound.h"
 #include "codec/lossless.h"
 #include "gradzip/codec.h"
 
@@ -208,6 +209,27 @@ TEST(PolarCodecTest, HostileBlockParametersAreRefused) {
   for (const char* spec : {"polar:rate=0", "polar:block=1000", "polar:list=9", "polar:rate=1.5"}) {
     EXPECT_THROW(make_codec(parse_spec(spec)), SpecError) << spec;
   }
+}
+
+}  // namespace
+}  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+// Floats far apart in exponent: their difference in double rounds, possibly onto eb.
+TEST(ErrorBoundedCodecTest, TheBoundIsDecidedExactlyWhenTheDifferenceRounds) {
+  const double eb = std::ldexp(1.0, -10);
+  const float denormal = std::numeric_limits<float>::denorm_min();
+  EXPECT_FALSE(within_bound(static_cast<float>(-eb), denormal, eb));  // exactly eb + 2^-149
+  EXPECT_TRUE(within_bound(static_cast<float>(eb), denormal, eb));    // exactly eb − 2^-149
+  EXPECT_TRUE(within_bound(static_cast<float>(eb), 0.0f, eb));
+  EXPECT_FALSE(within_bound(std::numeric_limits<float>::quiet_NaN(), 0.0f, eb));
+  // The reviewer's case: Lorenzo prediction after a large value, then a denormal.
+  std::vector<float> x(1000, 0.0f);
+  x[500] = -1024.0f, x[501] = static_cast<float>(eb), x[502] = denormal;
+  const auto y = decode(encode("sz:mode=abs,bound=0.0009765625,predictor=lorenzo", x), x.size());
+  for (size_t i = 0; i < x.size(); ++i) ASSERT_TRUE(within_bound(y[i], x[i], eb)) << i;
 }
 
 }  // namespace

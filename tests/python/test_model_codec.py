@@ -223,3 +223,36 @@ def test_the_container_never_unpickles():
     import gradzip.model_codec as module
     source = open(module.__file__).read()
     assert "pickle" not in source.replace("No pickle", "").replace("no pickle", "")
+
+
+def test_half_precision_near_its_largest_value_never_decodes_to_inf():
+    g = torch.Generator().manual_seed(7)
+    x = ((torch.rand(100000, generator=g) * 2 - 1) * 65504).half()
+    x[:100] = 65504
+    near = torch.full((4096,), 60000.0).half()
+    for spec, t in (("zfp:mode=rel,bound=1e-3", x), ("sz:mode=abs,bound=1000,lossless=none", near),
+                    ("sz:mode=abs,bound=1000,predictor=lorenzo", near)):
+        out = codec.decompress_model(codec.compress_model({"w": t}, spec), like={"w": t})["w"]
+        assert bool(torch.isfinite(out).all()), spec
+        assert (out.double() - t.double()).abs().max().item() <= bound_of(spec, t.float()), spec
+
+
+def test_with_error_feedback_the_bound_holds_for_what_each_round_sends():
+    memory = codec.ModelState()
+    x = {"w": torch.randn(5000)}
+    for _ in range(3):
+        before = memory.entries["w"].residual.clone() if "w" in memory.entries else torch.zeros(5000)
+        out = codec.decompress_model(codec.compress_model(x, "sz:mode=abs,bound=0.01", state=memory), like=x)
+        assert (out["w"].double() - (x["w"] + before).double()).abs().max().item() <= 0.01
+
+
+def test_exact_entries_are_checked_and_conjugate_views_stored():
+    state = {"mask": torch.rand(2000) > 0.5, "z": torch.randn(1500, dtype=torch.complex64).conj()}
+    data = codec.compress_model(state, "sz:lossless=none")
+    back = codec.decompress_model(data, like=state)
+    assert torch.equal(back["mask"], state["mask"]) and torch.equal(back["z"], state["z"].resolve_conj())
+    body = bytearray(data[:-4])
+    at = body.index(b"mask") + 4 + _ENTRY.size + 8  # the first byte of the bool entry's data
+    body[at] = 7
+    with pytest.raises(PayloadError, match="bytes other than 0 and 1"):
+        codec.decompress_model(reseal(bytes(body)), like=state)
