@@ -23,6 +23,7 @@ decompress_model() checks it against `like` (the names, dtypes and shapes it exp
 raises PayloadError naming the first problem. No pickle: hostile bytes cannot run code,
 and every length is checked before it is used.
 """
+import functools
 import struct
 import zlib
 from typing import Optional
@@ -92,6 +93,7 @@ def split_model_spec(spec: str):
     return name + (":" + ",".join(keys) if keys else ""), cutoff, model["lossless"]
 
 
+@functools.lru_cache(maxsize=64)
 def _error_bound(codec_spec: str):
     """(relative, bound) for an error-bounded codec (one with the keys mode and bound),
     its defaults from the codec registry; None for other codecs."""
