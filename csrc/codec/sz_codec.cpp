@@ -236,36 +236,58 @@ class SzCodec final : public ValueCodec {
     const bool lorenzo = predictor == kLorenzoPredictor;
     const double step = 2.0 * eb;
     const double inverse = step > 0.0 ? 1.0 / step : 0.0;
-    std::vector<uint32_t> symbols(static_cast<size_t>(n));
-    std::vector<float> exact;
+    // The symbols live in a buffer kept per thread: a fresh one per call would cost its
+    // page faults each time (a model's tensors are encoded one after another).
+    thread_local std::vector<uint32_t> scratch;
+    if (scratch.size() < static_cast<size_t>(n)) scratch.resize(static_cast<size_t>(n));
+    uint32_t* symbols = scratch.data();
     if (lorenzo) {
       float previous = 0.0f;
       for (int64_t i = 0; i < n; ++i) previous = quantize(u[i], previous, step, inverse, eb, symbols[i]);
     } else if (kHasAvx2) {
-      quantize_zero_predictor_avx2(u, n, step, inverse, eb, symbols.data());
+      quantize_zero_predictor_avx2(u, n, step, inverse, eb, symbols);
     } else {
-      quantize_zero_predictor(u, n, step, inverse, eb, symbols.data());
+      quantize_zero_predictor(u, n, step, inverse, eb, symbols);
     }
     const int64_t blocks = (n + kRiceBlock - 1) / kRiceBlock;
     std::vector<uint8_t> parameters(static_cast<size_t>(blocks));
-    std::vector<uint64_t> block_bits(static_cast<size_t>(blocks));
-    uint64_t total_bits = 0;
+    uint64_t total_bits = 0, exact = 0;
     int hint = 4;
     for (int64_t b = 0; b < blocks; ++b) {
       const int64_t begin = b * kRiceBlock, count = std::min(kRiceBlock, n - begin);
-      hint = rice_parameter(symbols.data() + begin, count, hint, kHasAvx2, block_bits[b]);
+      uint64_t bits;
+      hint = rice_parameter(symbols + begin, count, hint, kHasAvx2, bits);
       parameters[b] = static_cast<uint8_t>(hint);
-      total_bits += block_bits[b];
+      total_bits += bits;
     }
-    // Codes gather in a 64-bit accumulator (at most 7 bits carried + 51 new); each step
-    // stores it whole and advances by its full bytes. The 8 spare bytes take the overhang.
-    std::vector<uint8_t> codes((total_bits + 7) / 8 + 8, 0);
-    uint8_t* at = codes.data();
+    for (int64_t i = 0; i < n; ++i) exact += symbols[i] == 0;
+    const uint64_t code_bytes = (total_bits + 7) / 8;
+    wire::Writer w(out);
+    w.header(id(), n);
+    if (1 + 1 + 8 + 8 + 8 + parameters.size() + code_bytes + exact * 4 >= static_cast<uint64_t>(n) * 4 + 1) {
+      w.put<uint8_t>(kRaw);
+      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
+      return;
+    }
+    w.put<uint8_t>(kCoded);
+    w.put<uint8_t>(predictor);
+    w.put<double>(eb);
+    w.put<uint64_t>(exact);
+    w.put<uint64_t>(code_bytes);
+    if (!parameters.empty()) std::memcpy(w.reserve(parameters.size()), parameters.data(), parameters.size());
+    // The codes go straight into the payload, then the exact values after them. Codes
+    // gather in a 64-bit accumulator (at most 7 bits carried + 51 new); each step stores
+    // it whole and advances by its full bytes, into 8 spare bytes at the end.
+    const size_t codes_at = out.size();
+    w.reserve(code_bytes + 8 + exact * 4);
+    uint8_t* at = out.data() + codes_at;
+    uint8_t* exact_out = out.data() + codes_at + code_bytes + 8;
     uint64_t carry = 0;
     int filled = 0;
+    uint64_t taken = 0;
     for (int64_t i = 0; i < n; ++i) {
       const int k = parameters[i / kRiceBlock];
-      if (symbols[i] == 0) exact.push_back(u[i]);
+      if (symbols[i] == 0) std::memcpy(exact_out + 4 * taken++, u + i, 4);
       carry |= rice_code(symbols[i], k) << filled;
       filled += rice_length(symbols[i], k);
       std::memcpy(at, &carry, 8);
@@ -275,23 +297,10 @@ class SzCodec final : public ValueCodec {
       filled &= 7;
     }
     std::memcpy(at, &carry, 8);
-    codes.resize((total_bits + 7) / 8);
-    wire::Writer w(out);
-    w.header(id(), n);
-    const uint64_t coded = 1 + 1 + 8 + 8 + 8 + parameters.size() + codes.size() + exact.size() * 4;
-    if (coded >= static_cast<uint64_t>(n) * 4 + 1) {
-      w.put<uint8_t>(kRaw);
-      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
-      return;
-    }
-    w.put<uint8_t>(kCoded);
-    w.put<uint8_t>(predictor);
-    w.put<double>(eb);
-    w.put<uint64_t>(exact.size());
-    w.put<uint64_t>(codes.size());
-    if (!parameters.empty()) std::memcpy(w.reserve(parameters.size()), parameters.data(), parameters.size());
-    if (!codes.empty()) std::memcpy(w.reserve(codes.size()), codes.data(), codes.size());
-    if (!exact.empty()) std::memcpy(w.reserve(exact.size() * 4), exact.data(), exact.size() * 4);
+    // Close the 8-byte gap: the exact values follow the codes directly.
+    uint8_t* codes_end = out.data() + codes_at + code_bytes;
+    std::memmove(codes_end, codes_end + 8, exact * 4);
+    out.resize(codes_at + code_bytes + exact * 4);
   }
 
  private:
