@@ -19,19 +19,14 @@ class IdentityCodec final : public ValueCodec {
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "identity");
-    const uint8_t* values = r.at(read_cast_layout(r, id(), n));
-    for (int64_t i = 0; i < n; ++i) {
-      float v;
-      std::memcpy(&v, values + 4 * i, 4);
-      out[i] += scale * v;
-    }
+    wire::add_floats(r.at(read_cast_layout(r, id(), n)), n, scale, out);
   }
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
     w.header(id(), n);
-    if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);  // an empty tensor's data may be null
+    w.put_floats(u, n);  // an empty tensor's data may be null: put_floats copies nothing then
   }
 };
 

@@ -173,12 +173,7 @@ class SzCodec final : public ValueCodec {
     wire::Reader r(data, size, "sz");
     const SzLayout layout = read_sz_layout(r, n);
     if (layout.format == kRaw) {
-      const uint8_t* values = r.at(layout.raw);
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, values + 4 * i, 4);
-        out[i] += scale * v;
-      }
+      wire::add_floats(r.at(layout.raw), n, scale, out);
       return;
     }
     const uint8_t* parameters = r.at(layout.parameters);
@@ -266,7 +261,7 @@ class SzCodec final : public ValueCodec {
     w.header(id(), n);
     if (1 + 1 + 8 + 8 + 8 + parameters.size() + code_bytes + exact * 4 >= static_cast<uint64_t>(n) * 4 + 1) {
       w.put<uint8_t>(kRaw);
-      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
+      w.put_floats(u, n);
       return;
     }
     w.put<uint8_t>(kCoded);

@@ -65,12 +65,7 @@ class UniformCodec final : public ValueCodec {
     wire::Reader r(data, size, "uniform");
     const UniformLayout layout = read_uniform_layout(r, n);
     if (layout.format == kRaw) {
-      const uint8_t* values = r.at(layout.raw);
-      for (int64_t i = 0; i < n; ++i) {
-        float v;
-        std::memcpy(&v, values + 4 * i, 4);
-        out[i] += scale * v;
-      }
+      wire::add_floats(r.at(layout.raw), n, scale, out);
       return;
     }
     const double step = step_of(layout.low, layout.high, layout.bits);
@@ -102,7 +97,7 @@ class UniformCodec final : public ValueCodec {
     w.header(id(), n);
     if (n <= parameters_.threshold) {
       w.put<uint8_t>(kRaw);
-      if (n > 0) std::memcpy(w.reserve(n * 4), u, n * 4);
+      w.put_floats(u, n);
       return;
     }
     w.put<uint8_t>(kQuantized);

@@ -27,6 +27,10 @@ class Writer {
     out_.resize(at + bytes, 0);
     return out_.data() + at;
   }
+  // n floats, as they are (a raw section).
+  void put_floats(const float* values, int64_t n) {
+    if (n > 0) std::memcpy(reserve(static_cast<size_t>(n) * 4), values, static_cast<size_t>(n) * 4);
+  }
   void header(CodecId codec, uint64_t numel, uint32_t flags = 0) {
     put<uint16_t>(0x5A47);  // "GZ"
     put<uint8_t>(kWireVersion);
@@ -103,6 +107,15 @@ class Reader {
   size_t at_ = 0;
   const char* codec_;
 };
+
+// out[i] += scale × the i-th of n floats of a raw section.
+inline void add_floats(const uint8_t* values, int64_t n, float scale, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v;
+    std::memcpy(&v, values + 4 * i, 4);
+    out[i] += scale * v;
+  }
+}
 
 // Bytes needed for `bits` bits.
 inline uint64_t bytes_for_bits(uint64_t bits) { return (bits + 7) / 8; }

@@ -165,7 +165,7 @@ class ZfpCodec final : public ValueCodec {
     }
     if (1 + 1 + 8 + 8 + 8 + stream_bytes + corrections.size() * kCorrectionBytes >= raw_bytes + 1) {
       w.put<uint8_t>(kRaw);
-      std::memcpy(w.reserve(raw_bytes), u, raw_bytes);
+      w.put_floats(u, n);
       return;
     }
     w.put<uint8_t>(kZfpFormat);

@@ -1,108 +1,18 @@
-"""Tensors to bytes and back, for code that moves bytes itself (a federated server).
+"""gradzip.codec: tensors and whole models to bytes and back, for code that moves bytes
+itself (a federated server).
 
     state = gradzip.codec.State()                       # error feedback across calls
     data = gradzip.codec.encode(grad, "stc:density=0.01", state)
     total = gradzip.codec.decode(data, like=grad)
 
-Whole models: compress_model() / decompress_model() (gradzip.model_codec) put every
-tensor of a model through a codec into one checked container.
+    blob = gradzip.codec.compress_model(model, "sz:mode=rel,bound=1e-3")
+    weights = gradzip.codec.decompress_model(blob, like=model)
 
-The spec is the same string the backend and the hook take (docs/spec.md): a codec, its
-keys, and the keys of its aggregation (`ef` and `seed` apply here and override the
-State's; `min_numel`, `warmup` shape all-reduces only). The bytes are the wire format of
-docs/wire-format.md. decode() checks every length and index and raises PayloadError
-(a ValueError) naming what is wrong with a truncated, corrupt or hostile payload.
+One tensor: gradzip.tensor_codec. Whole models in one checked container (APPFL's
+compress_model shape): gradzip.model_codec.
 """
-from typing import Optional
+from .model_codec import ModelState, compress_model, decompress_model, model_stats
+from .tensor_codec import PayloadError, State, decode, encode, header
 
-import torch
-
-from ._extension import _C
-from .options import SpecError, bind_spec
-
-PayloadError = _C.PayloadError
-
-
-class State:
-    """What one tensor's encoder keeps between calls.
-
-    residual: the error-feedback residual, what earlier payloads did not carry
-        (allocated on first use; None until then).
-    step: how many payloads were encoded; seeds random-k and QSGD draws.
-    seed: the seed of those draws (default 0).
-    rank: this sender's index, so QSGD senders draw independently (default 0).
-    error_feedback: add the residual before encoding and keep what was not sent
-        (default True).
-    """
-
-    def __init__(self, seed: int = 0, rank: int = 0, error_feedback: bool = True):
-        self.residual: Optional[torch.Tensor] = None
-        self.step = 0
-        self.seed = seed
-        self.rank = rank
-        self.error_feedback = error_feedback
-
-    def state_dict(self) -> dict:
-        return {"residual": self.residual, "step": self.step, "seed": self.seed, "rank": self.rank,
-                "error_feedback": self.error_feedback}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.residual, self.step = state["residual"], state["step"]
-        self.seed, self.rank, self.error_feedback = state["seed"], state["rank"], state["error_feedback"]
-
-
-def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
-    """The payload of `tensor` (any shape, a floating dtype) under `spec` (a string or a
-    gradzip.Spec naming a codec).
-
-    With a State, encodes tensor + state.residual (when error feedback is on: the spec's
-    `ef`, else state.error_feedback), updates the residual and advances state.step.
-
-    A tensor holding Inf or NaN (a step mixed precision will skip) gives a header-only
-    non-finite payload that decodes to all NaN, and leaves the State as it was."""
-    if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
-        raise TypeError(f"gradzip.codec.encode takes a floating tensor, not {getattr(tensor, 'dtype', type(tensor))}")
-    bound = bind_spec(spec)
-    if bound.codec is None:
-        raise SpecError(f"gradzip.codec: {str(bound)!r} names an aggregation without a codec; codecs: "
-                        + ", ".join(kind["name"] for kind in _C.codec_kinds()))
-    if bound.decentralized:
-        raise SpecError(f"gradzip.codec: {str(bound)!r} is decentralized gossip, not a codec; encode with "
-                        f"{bound.codec!r} instead")
-    x = tensor.detach().to("cpu", torch.float32).contiguous().view(-1)
-    residual, seed, step, rank = None, 0, 0, 0
-    if state is not None:
-        seed, step, rank = state.seed, state.step, state.rank
-        error_feedback = state.error_feedback if bound.error_feedback is None else bound.error_feedback
-        if error_feedback:
-            if state.residual is None:
-                state.residual = torch.zeros(x.numel(), dtype=torch.float32)
-            if state.residual.numel() != x.numel():
-                raise ValueError(f"gradzip.codec.encode: the state's residual has {state.residual.numel()} "
-                                 f"elements, the tensor {x.numel()}: use one State per tensor")
-            residual = state.residual
-    if bound.seed is not None:
-        seed = bound.seed
-    data, finite = _C.encode(x, bound, residual, seed, step, rank)
-    if state is not None and finite:
-        state.step += 1
-    return data
-
-
-def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
-    """A new tensor shaped like `like` (its dtype and device too) holding the payload's values
-    (all NaN for a non-finite payload)."""
-    values = torch.zeros(like.numel(), dtype=torch.float32)
-    _C.decode_add(bytes(data), values)
-    return values.view(like.shape).to(device=like.device, dtype=like.dtype)
-
-
-def header(data: bytes) -> dict:
-    """The payload's header: codec name, wire-format version, element count, and whether
-    its sender's input was finite (False: a non-finite payload, the header alone)."""
-    codec, version, numel, finite = _C.payload_header(bytes(data))
-    return {"codec": codec, "version": version, "numel": numel, "finite": finite}
-
-
-# Last: model_codec builds on State, encode and decode above.
-from .model_codec import ModelState, compress_model, decompress_model, model_stats  # noqa: E402
+__all__ = ["ModelState", "PayloadError", "State", "compress_model", "decode", "decompress_model", "encode", "header",
+           "model_stats"]

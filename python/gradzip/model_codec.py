@@ -31,7 +31,7 @@ from typing import Optional
 import torch
 
 from ._extension import _C
-from .codec import State, decode, encode, header
+from .tensor_codec import State, decode, encode, header
 from .options import SpecError, bind_spec
 
 MAGIC = b"GZMODEL\0"
