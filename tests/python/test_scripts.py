@@ -96,6 +96,13 @@ def test_federated_benchmark_quick(tmp_path):
         sum(r["bits_up"] + r["bits_down"] for r in eight)
     assert 3.0 < ratio < 4.0, ratio
     assert abs(eight[-1]["accuracy"] - result["8bit"]["fedavg (fp32)"][-1]["accuracy"]) < 0.05
+    models = {row["run"]: row for row in result["model"]}  # (c): whole models through compress_model
+    for bound in ("0.01", "0.001"):
+        for codec in ("sz", "zfp"):
+            row = models[f"gradzip {codec} REL {bound}"]
+            assert row["max_error_over_bound"] <= 1.0 and row["ratio"] > 1.5, row
+    assert models["gradzip sz REL 0.01"]["ratio"] > models["gradzip zfp REL 0.01"]["ratio"]
+    assert 3.0 < models["gradzip uniform (TFF 8-bit)"]["ratio"] < 4.5
 
 
 def _netns_usable():
