@@ -3,6 +3,7 @@
 // The CPU tests exercise them; the GPU build compiles the very same code.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -133,6 +134,27 @@ GZ_HD uint32_t qsgd_code(float v, float inverse, uint32_t levels, uint32_t sign_
 // Philox counter of element i of the QSGD bucket starting at `bucket_begin`: one
 // philox4x32_10 call serves the four elements from bucket_begin + 4m, word (i − begin) % 4.
 GZ_HD uint64_t qsgd_philox_counter(uint64_t i, uint64_t bucket_begin) { return bucket_begin + ((i - bucket_begin) & ~uint64_t{3}); }
+
+// uniform (TFF's rule): the code of u between `low` and its tensor's max, `top` = 2^bits − 1
+// levels apart by step (`inverse` = 1/step, 0 for a constant tensor), rounded up when the
+// fraction reaches `up` (a uniform draw; 0.5 rounds to nearest). In double, as the decoder's
+// level; a code never exceeds `top`.
+GZ_HD uint32_t uniform_code(float u, float low, double inverse, uint32_t top, double up) {
+  const double t = (static_cast<double>(u) - static_cast<double>(low)) * inverse;
+  const double below = ::floor(t);
+  const double code = below + ((t - below) >= up && t > below ? 1.0 : 0.0);
+  return static_cast<uint32_t>(code < static_cast<double>(top) ? code : static_cast<double>(top));
+}
+
+// uniform's step: (max − min) / (2^bits − 1) in double (max − min may exceed fp32's range).
+GZ_HD double uniform_step(float low, float high, int bits) {
+  return (static_cast<double>(high) - static_cast<double>(low)) / static_cast<double>((uint32_t{1} << bits) - 1);
+}
+
+// The value of a uniform code: low + code × step in double, rounded to float once.
+GZ_HD float uniform_level(float low, uint32_t code, double step) {
+  return static_cast<float>(static_cast<double>(low) + static_cast<double>(code) * step);
+}
 
 // Exact top-k selects by radix on the magnitude keys (< 2^31) in three digits, most
 // significant first: bits 30..20 (2048 buckets), 19..9 (2048), 8..0 (512).

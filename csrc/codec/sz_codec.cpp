@@ -29,17 +29,6 @@ inline float reconstruct(float prediction, int64_t q, double step) {
   return static_cast<float>(static_cast<double>(prediction) + static_cast<double>(q) * step);
 }
 
-// A symbol's Rice code as bits (first bit lowest) and its length: at most 51 bits.
-inline int rice_length(uint32_t s, int k) {
-  const uint64_t quotient = s >> k;
-  return quotient < kEscapeQuotient ? static_cast<int>(quotient) + 1 + k : kEscapeQuotient + 1 + kRawSymbolBits;
-}
-inline uint64_t rice_code(uint32_t s, int k) {
-  const uint64_t quotient = s >> k;
-  if (quotient >= kEscapeQuotient) return ((uint64_t{1} << kEscapeQuotient) - 1) | (uint64_t{s} << (kEscapeQuotient + 1));
-  return ((uint64_t{1} << quotient) - 1) | ((uint64_t{s} & ((uint64_t{1} << k) - 1)) << (quotient + 1));
-}
-
 // The bits of one block's codes with Rice parameters k, k + 1 and k + 2, in one pass
 // (branch-free: it vectorizes; the same sums on every CPU).
 inline void rice_costs(const uint32_t* s, int64_t count, int k, uint64_t costs[3]) {
@@ -280,16 +269,27 @@ class SzCodec final : public ValueCodec {
     uint64_t carry = 0;
     int filled = 0;
     uint64_t taken = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const int k = parameters[i / kRiceBlock];
-      if (symbols[i] == 0) std::memcpy(exact_out + 4 * taken++, u + i, 4);
-      carry |= rice_code(symbols[i], k) << filled;
-      filled += rice_length(symbols[i], k);
-      std::memcpy(at, &carry, 8);
-      const int bytes = filled >> 3;
-      at += bytes;
-      carry = bytes ? carry >> (8 * bytes) : carry;
-      filled &= 7;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int k = parameters[b];
+      const uint64_t low_mask = (uint64_t{1} << k) - 1;
+      for (int64_t i = b * kRiceBlock; i < std::min(n, (b + 1) * kRiceBlock); ++i) {
+        const uint32_t symbol = symbols[i];
+        if (symbol == 0) std::memcpy(exact_out + 4 * taken++, u + i, 4);
+        // The code (first bit lowest, at most 51 bits) and its length, without branches:
+        // both forms, then a select.
+        const uint64_t quotient = symbol >> k;
+        const bool escape = quotient >= kEscapeQuotient;
+        const uint64_t plain_q = escape ? 0 : quotient;
+        const uint64_t code = escape ? ((uint64_t{1} << kEscapeQuotient) - 1) | (uint64_t{symbol} << (kEscapeQuotient + 1))
+                                     : ((uint64_t{1} << plain_q) - 1) | ((symbol & low_mask) << (plain_q + 1));
+        carry |= code << filled;
+        filled += escape ? kEscapeQuotient + 1 + kRawSymbolBits : static_cast<int>(plain_q) + 1 + k;
+        std::memcpy(at, &carry, 8);
+        const int bytes = filled >> 3;
+        at += bytes;
+        carry = bytes ? carry >> (8 * bytes) : carry;
+        filled &= 7;
+      }
     }
     std::memcpy(at, &carry, 8);
     // Close the 8-byte gap: the exact values follow the codes directly.

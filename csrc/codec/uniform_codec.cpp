@@ -10,24 +10,14 @@
 #include "codec/wire.h"
 
 namespace gradzip {
-namespace {
-
-constexpr uint8_t kQuantized = 0, kRaw = 1;
-
-struct UniformLayout {
-  uint8_t format;
-  int bits = 0;
-  float low = 0.0f, high = 0.0f;
-  wire::Section codes, raw;
-};
 
 UniformLayout read_uniform_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kUniform, n);
   UniformLayout layout;
   layout.format = r.get<uint8_t>("format");
-  if (layout.format == kRaw) {
+  if (layout.format == kUniformRaw) {
     layout.raw = r.take(static_cast<uint64_t>(n) * 4, "raw values");
-  } else if (layout.format == kQuantized) {
+  } else if (layout.format == kUniformQuantized) {
     layout.bits = r.get<uint8_t>("bits");
     if (layout.bits < 1 || layout.bits > 16) r.fail("bits = " + std::to_string(layout.bits) + ", valid 1..16");
     layout.low = r.get<float>("min");
@@ -43,13 +33,7 @@ UniformLayout read_uniform_layout(wire::Reader& r, int64_t n) {
   return layout;
 }
 
-// In double: max − min may exceed fp32's range, and low + c × step stays within [min, max].
-double step_of(float low, float high, int bits) {
-  return (static_cast<double>(high) - static_cast<double>(low)) / static_cast<double>((uint32_t{1} << bits) - 1);
-}
-inline float level(float low, uint32_t code, double step) {
-  return static_cast<float>(static_cast<double>(low) + static_cast<double>(code) * step);
-}
+namespace {
 
 class UniformCodec final : public ValueCodec {
  public:
@@ -64,14 +48,14 @@ class UniformCodec final : public ValueCodec {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "uniform");
     const UniformLayout layout = read_uniform_layout(r, n);
-    if (layout.format == kRaw) {
+    if (layout.format == kUniformRaw) {
       wire::add_floats(r.at(layout.raw), n, scale, out);
       return;
     }
-    const double step = step_of(layout.low, layout.high, layout.bits);
+    const double step = math::uniform_step(layout.low, layout.high, layout.bits);
     const uint8_t* codes = r.at(layout.codes);
     if (layout.bits == 8) {
-      for (int64_t i = 0; i < n; ++i) out[i] += scale * level(layout.low, codes[i], step);
+      for (int64_t i = 0; i < n; ++i) out[i] += scale * math::uniform_level(layout.low, codes[i], step);
       return;
     }
     uint16_t unpacked[1024];
@@ -79,7 +63,7 @@ class UniformCodec final : public ValueCodec {
       const int64_t count = std::min<int64_t>(1024, n - begin);
       bitpack::unpack_codes(codes + begin / 8 * layout.bits, count, layout.bits, unpacked);
       for (int64_t j = 0; j < count; ++j) {
-        out[begin + j] += scale * level(layout.low, unpacked[j], step);
+        out[begin + j] += scale * math::uniform_level(layout.low, unpacked[j], step);
       }
     }
   }
@@ -96,15 +80,15 @@ class UniformCodec final : public ValueCodec {
     wire::Writer w(out);
     w.header(id(), n);
     if (n <= parameters_.threshold) {
-      w.put<uint8_t>(kRaw);
+      w.put<uint8_t>(kUniformRaw);
       w.put_floats(u, n);
       return;
     }
-    w.put<uint8_t>(kQuantized);
+    w.put<uint8_t>(kUniformQuantized);
     w.put<uint8_t>(static_cast<uint8_t>(bits));
     w.put<float>(low);
     w.put<float>(high);
-    const double step = step_of(low, high, bits);
+    const double step = math::uniform_step(low, high, bits);
     const double inverse = step > 0.0 ? 1.0 / step : 0.0;
     const uint32_t top = (uint32_t{1} << bits) - 1;
     uint8_t* packed = w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * bits));
@@ -117,11 +101,8 @@ class UniformCodec final : public ValueCodec {
         philox_words(static_cast<uint64_t>(begin), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
       }
       for (int j = 0; j < count; ++j) {
-        const double t = (static_cast<double>(u[begin + j]) - low) * inverse;  // in [0, top]
-        const double below = std::floor(t);
         const double up = parameters_.stochastic_rounding ? math::uniform01(random[j]) : 0.5;
-        const double code = below + ((t - below) >= up && t > below ? 1.0 : 0.0);
-        const uint32_t c = static_cast<uint32_t>(std::min(code, static_cast<double>(top)));
+        const uint32_t c = math::uniform_code(u[begin + j], low, inverse, top, up);
         if (bits == 8) {
           packed[begin + j] = static_cast<uint8_t>(c);
         } else {
@@ -156,7 +137,7 @@ const CodecRecord& uniform_record() {
         return p;
       },
       [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<UniformCodec>(p); },
-      nullptr,
+      GRADZIP_DEVICE_HALF(kUniformDevice),
   };
   return record;
 }

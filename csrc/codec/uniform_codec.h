@@ -12,9 +12,22 @@
 #pragma once
 
 #include "codec/codec_record.h"
+#include "codec/wire.h"
 
 namespace gradzip {
 
+constexpr uint8_t kUniformQuantized = 0, kUniformRaw = 1;
+
+struct UniformLayout {
+  uint8_t format;
+  int bits = 0;
+  float low = 0.0f, high = 0.0f;
+  wire::Section codes, raw;
+};
+// The one parser of a uniform payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
+UniformLayout read_uniform_layout(wire::Reader& r, int64_t n);
+
 const CodecRecord& uniform_record();
+extern const DeviceHalf kUniformDevice;  // cuda/uniform_encode.cu: 8-bit codes and the fp32 path
 
 }  // namespace gradzip

@@ -76,7 +76,8 @@ const char* const kSpecs[] = {
     "topk:density=0.01", "topk:density=0.001", "topk:density=0.3", "topk:density=0.01,approx=1",
     "stc:density=0.01",  "stc:density=0.001",  "stc:density=0.5",  "stc:density=0.01,approx=1",
     "sign",              "sign:block=100",     "sign:vote=majority", "qsgd",
-    "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "identity", "fp16", "bf16"};
+    "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "identity", "fp16", "bf16",
+    "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest"};
 const int64_t kSizes[] = {0, 1, 7, 1000, 4099, 100003, int64_t{1} << 20};
 
 TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {

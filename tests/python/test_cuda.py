@@ -16,7 +16,8 @@ pytestmark = [
 
 SPECS = ["topk:density=0.01", "topk:density=0.001", "topk:density=0.01,approx=1", "stc:density=0.01",
          "stc:density=0.5", "sign", "sign:block=100", "sign:vote=majority", "qsgd", "qsgd:bits=8",
-         "qsgd:levels=5,bucket=100", "qsgd:norm=max", "identity", "fp16", "bf16"]
+         "qsgd:levels=5,bucket=100", "qsgd:norm=max", "identity", "fp16", "bf16", "uniform", "uniform:threshold=0",
+         "uniform:threshold=0,rounding=nearest"]
 SIZES = [0, 1, 7, 4099, 1 << 20]
 
 
