@@ -1,5 +1,7 @@
 #include "codec/topk_select.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -102,6 +104,35 @@ void select_with_histogram(const float* u, int64_t n, int64_t k, const std::arra
   std::merge(sure.begin(), sure.end(), chosen.begin(), chosen.end(), indices.begin());
 }
 
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
+// The pass of select_in_one_pass over whole blocks of 8, eight lanes at a time: makes u
+// = x + residual in place (with a residual; the same sums as the scalar code, addition
+// commutes), and calls take(i) for every i whose key is at or above `lowest`, in index
+// order. Returns how many elements it covered.
+template <bool kWithResidual, typename Take>
+__attribute__((target("avx2"))) int64_t keys_at_or_above_avx2(const float* x, float* residual, int64_t n,
+                                                              uint32_t lowest, Take&& take) {
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  // Keys are below 2^31, so a signed compare with lowest − 1 (−1 when lowest is 0) is key >= lowest.
+  const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(lowest - 1u));
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m256 u = _mm256_loadu_ps(x + i);
+    if constexpr (kWithResidual) {
+      u = _mm256_add_ps(_mm256_loadu_ps(residual + i), u);
+      _mm256_storeu_ps(residual + i, u);
+    }
+    const __m256i key = _mm256_and_si256(_mm256_castps_si256(u), magnitude);
+    auto hits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, below))));
+    while (hits) {
+      take(i + __builtin_ctz(hits));
+      hits &= hits - 1;
+    }
+  }
+  return i;
+}
+
 // The first try of select_topk, one pass instead of two: a threshold that should keep
 // all of the top k and not many more, from 16 evenly spaced blocks (about 1% of the
 // elements); the pass makes u (with a residual) and collects the (key, index) pairs at
@@ -141,6 +172,10 @@ bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, s
     }
   };
   int64_t i = 0;
+  if (kHasAvx2) {
+    i = residual ? keys_at_or_above_avx2<true>(x, residual, n, lowest, visit)
+                 : keys_at_or_above_avx2<false>(x, residual, n, lowest, visit);
+  }
   for (; i + 16 <= n; i += 16) {
     uint32_t any = 0;
     if (residual) {
@@ -217,7 +252,8 @@ void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, s
     for (int64_t i = 0; i < begin; ++i) residual[i] += x[i];
     for (int64_t i = end; i < n; ++i) residual[i] += x[i];
   }
-  int64_t i = 0;
+  const auto keep = [&](int64_t i) { indices.push_back(i); };
+  int64_t i = kHasAvx2 ? keys_at_or_above_avx2<false>(u, nullptr, n, threshold, keep) : 0;
   for (; i + 16 <= n; i += 16) {
     uint32_t any = 0;
     for (int j = 0; j < 16; ++j) any |= math::magnitude_key(u[i + j]) >= threshold;
