@@ -88,6 +88,10 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring)"),
+          SpecKey::integer("rounds", "0", 0, kMaxRounds * 8,
+                           "two-phase and compressed reduce-scatter in this many pipelined rounds, each chunk cut "
+                           "into as many sub-pieces: the transport moves one round while the next is encoded "
+                           "(0: one round per 4 MiB a rank sends in the first phase, at most 8)"),
           SpecKey::choice("reduce_scatter", "exact", {"exact", "compressed"},
                           "the gradzip backend's reduce_scatter_tensor (FSDP's gradients): exact, or compressed "
                           "with this codec and error feedback like all_reduce"),
@@ -131,6 +135,7 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       codec_(spec.codec()),
       density_warmup_(spec.spec().get_int("density_warmup", 0)),
       exchange_(exchange_request(spec.spec())),
+      rounds_(rounds_request(spec.spec())),
       error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
       majority_(codec_->parameters().majority),
       momentum_(spec.spec().get_double("momentum", 0.0)),
@@ -167,6 +172,7 @@ void CompressedAllreduce::take_step(CompressedState& state, const std::string& k
   call.majority = majority_;
   if (!majority_ && op == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(transport.getSize());
   call.key = &key;
+  call.rounds = rounds_;
 }
 
 at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
@@ -185,7 +191,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks));
+  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_));
   if (plan.scheme == ExchangeScheme::kDense) return {};
   if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
   return plan;
@@ -328,7 +334,7 @@ CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const a
     return {true, "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG"};
   }
   if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return {true, ""};
-  const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks);
+  const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks, rounds_);
   if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
     return {true, "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
                       std::to_string(cost.dense)};

@@ -116,6 +116,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   int64_t density_warmup_;
   std::vector<std::shared_ptr<const Codec>> warmup_codecs_;
   ExchangeRequest exchange_;
+  int64_t rounds_;  // the spec's `rounds` (0: exchange_rounds decides)
   bool error_feedback_;
   bool majority_;
   double momentum_;  // 0: no momentum correction

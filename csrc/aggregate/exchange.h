@@ -9,6 +9,15 @@
 //   order into fp32, adds its owner residual, re-encodes (its owner residual keeps what
 //   that encoding did not carry) and all-gathers; every rank decodes the P chunks.
 //   Sends 2·(P − 1)·c(n/P) bytes per rank: flat in P.
+//   Pipelined in rounds: each chunk is cut into S sub-pieces (sub-piece s of chunk j =
+//   exchange_chunk(chunk j's length, S, s) within it) and round s moves sub-piece s of
+//   every chunk, through both phases. Every round's all-to-all is started as soon as it
+//   is encoded and every round's all-gather as soon as its owner part is re-encoded, so
+//   the transport moves round s while the codec works on round s + 1 (the transport's
+//   collectives are asynchronous: Gloo's and MPI's run on threads of their own, NCCL's
+//   on its stream). Chunks, ownership and owner residuals do not depend on S; an
+//   element-wise codec (identity, fp16, bf16, sign without blocks) gives the same bits
+//   for every S, a codec that selects or scales per block selects per sub-piece.
 // dense: the transport's own all-reduce, 2·(P − 1)/P·n·(element size) bytes per rank.
 // reduce-scatter: two-phase's first half; rank j ends with the sum of chunk j, decoded
 //   in rank order into fp32. Sends (P − 1)·c(n/P) bytes per rank, against the ring's
@@ -42,14 +51,28 @@ ExchangeRequest parse_exchange_request(const std::string& value);
 // The request of a compressed spec's `exchange` key (auto when it has none).
 ExchangeRequest exchange_request(const Spec& spec);
 
+// The rounds of a two-phase exchange (or a compressed reduce-scatter) of n elements over
+// `ranks`: `requested` when it is above 0 (the spec's `rounds` key), else automatic:
+// one round per kRoundBytes of what a rank sends in the first phase, at most kMaxRounds,
+// and at most one per kMinRoundElements of a chunk. Never more rounds than elements in
+// the smallest chunk, never fewer than one.
+constexpr int64_t kRoundBytes = int64_t{4} << 20;
+constexpr int kMaxRounds = 8;
+constexpr int64_t kMinRoundElements = 4096;
+int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0);
+// The spec's `rounds` key: 0 (automatic) when it has none.
+int64_t rounds_request(const Spec& spec);
+
 // Bytes one rank sends for an all-reduce of n elements of `element_bytes` each over
-// `ranks` ranks, by each scheme (slot framing included).
+// `ranks` ranks, by each scheme (slot framing included; two-phase in `rounds` rounds).
 struct ExchangeCost {
   int64_t dense;
   int64_t oneshot;
   int64_t twophase;
+  int rounds;
 };
-ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks);
+ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks,
+                           int64_t rounds_requested = 0);
 
 // Bytes one rank sends for a reduce-scatter of n elements over `ranks` ranks: the
 // transport's ring, and the compressed exchange (slot framing included).
@@ -57,7 +80,8 @@ struct ReduceScatterCost {
   int64_t dense;
   int64_t compressed;
 };
-ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks);
+ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks,
+                                      int64_t rounds_requested = 0);
 
 // auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
 // sends fewer than the dense ring (ties go to dense, then one-shot). oneshot and
@@ -127,6 +151,7 @@ struct ExchangeCall {
   EncodeContext ctx;
   bool majority = false;  // two-phase owners vote: sign of the sum of their pieces
   float scale = 1.0f;     // the result is scale × the sum (AVG: 1/P), applied as it is decoded
+  int64_t rounds = 0;     // two-phase and reduce-scatter rounds asked for (0: exchange_rounds decides)
   const std::string* key = nullptr;  // names the tensor in error messages
   // Where the transport takes its buffers (NCCL: the GPU, also for a codec that runs
   // on the host); slots are copied there and back when it is not x's device.

@@ -46,10 +46,11 @@ void bind_aggregation(py::module_& m) {
                     "' is not a compressed all-reduce; it has no exchange");
         TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1,
                     "gradzip: exchange_plan needs numel >= 0, world_size >= 1 and element_size >= 1");
-        const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size);
+        const ExchangeCost cost =
+            exchange_cost(*codec, numel, element_size, world_size, rounds_request(spec.spec()));
         return py::dict(py::arg("choice") = exchange_name(choose_exchange(exchange_request(spec.spec()), cost)),
                         py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
-                        py::arg("twophase") = cost.twophase);
+                        py::arg("twophase") = cost.twophase, py::arg("rounds") = cost.rounds);
       },
       py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"));
 

@@ -34,6 +34,26 @@ TEST(ExchangeTest, CostsCountSlotsPerRank) {
   EXPECT_EQ(slot_bytes(*sign, n), kSlotHeaderBytes + static_cast<int64_t>((sign->max_payload_bytes(n) + 7) / 8 * 8));
 }
 
+TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
+  // fp16 at 25M over 4 ranks sends 3 × 12.5 MB in the first phase: the most rounds.
+  EXPECT_EQ(exchange_rounds(*codec("fp16"), 25'000'000, 4), kMaxRounds);
+  // qsgd 4-bit: 3 × 3.2 MB, two rounds of 4 MiB.
+  EXPECT_EQ(exchange_rounds(*codec("qsgd:bits=4"), 25'000'000, 4), 2);
+  // Sparse payloads and small tensors: one round, the exchange as it always was.
+  EXPECT_EQ(exchange_rounds(*codec("stc:density=0.01"), 25'000'000, 4), 1);
+  EXPECT_EQ(exchange_rounds(*codec("fp16"), 1 << 16, 4), 1);
+  // Asked for: taken, but never more rounds than the smallest chunk has elements.
+  EXPECT_EQ(exchange_rounds(*codec("stc:density=0.01"), 1000, 4, 3), 3);
+  EXPECT_EQ(exchange_rounds(*codec("fp16"), 10, 4, 7), 2);
+  EXPECT_EQ(exchange_rounds(*codec("fp16"), 3, 4, 7), 1);
+  // The cost counts every round's slots.
+  const auto fp16 = codec("fp16");
+  const ExchangeCost cost = exchange_cost(*fp16, 1000, 4, 4, 3);
+  EXPECT_EQ(cost.rounds, 3);
+  EXPECT_EQ(cost.twophase, 2 * 3 * 3 * slot_bytes(*fp16, 84));  // chunks of 250, sub-pieces of 84 at most
+  EXPECT_EQ(reduce_scatter_cost(*fp16, 1000, 4, 4, 3).compressed, 3 * 3 * slot_bytes(*fp16, 84));
+}
+
 TEST(ExchangeTest, AutoPicksTheFewestBytes) {
   const int64_t n = 1 << 20;
   // Dense fp16 payloads: one-shot wins at 2 ranks, two-phase beyond (flat in P).
