@@ -22,11 +22,11 @@ class HostTensorCodec final : public TensorCodec {
 
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
-    thread_local std::vector<uint8_t> payload;
-    payload.clear();
-    codec_->encode(x.data_ptr<float>(), x.numel(), residual.defined() ? residual.data_ptr<float>() : nullptr, ctx,
-                   payload);
-    write_slot(payload.data(), payload.size(), slot.data_ptr<uint8_t>(), slot.numel());
+    uint8_t* at = slot.data_ptr<uint8_t>();
+    const size_t size =
+        codec_->encode_into(x.data_ptr<float>(), x.numel(), residual.defined() ? residual.data_ptr<float>() : nullptr,
+                            ctx, at + kSlotHeaderBytes, static_cast<size_t>(slot.numel() - kSlotHeaderBytes));
+    seal_slot(size, at, slot.numel());
   }
 
   void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
@@ -203,11 +203,10 @@ void check_slot_fits(int64_t size, int64_t slot_bytes) {
                         " bytes is larger than its codec's bound (", slot_bytes - kSlotHeaderBytes, ")");
 }
 
-void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes) {
+void seal_slot(size_t size, uint8_t* slot, int64_t slot_bytes) {
   check_slot_fits(static_cast<int64_t>(size), slot_bytes);
   const uint64_t declared = size;
   std::memcpy(slot, &declared, 8);
-  std::memcpy(slot + kSlotHeaderBytes, payload, size);
   std::memset(slot + kSlotHeaderBytes + size, 0, slot_bytes - kSlotHeaderBytes - size);
 }
 

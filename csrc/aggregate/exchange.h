@@ -113,8 +113,9 @@ constexpr uint64_t kFailedSlot = ~uint64_t{0};
 int64_t slot_bytes(const Codec& codec, int64_t n);
 // Asserts that a payload of `size` bytes fits a slot of `slot_bytes` (the codec's bound).
 void check_slot_fits(int64_t size, int64_t slot_bytes);
-// Writes `size` payload bytes into a slot in host memory.
-void write_slot(const uint8_t* payload, size_t size, uint8_t* slot, int64_t slot_bytes);
+// Closes a slot in host memory whose payload of `size` bytes was written in place at
+// slot + kSlotHeaderBytes: declares the size and zeroes the padding after it.
+void seal_slot(size_t size, uint8_t* slot, int64_t slot_bytes);
 // The payload size a slot of `slot_bytes` declares, checked; throws SlotError(row).
 size_t slot_payload_size(uint64_t declared, int64_t slot_bytes, int row);
 // Marks a slot (uint8 tensor, any device) failed.

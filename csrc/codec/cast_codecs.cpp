@@ -21,10 +21,23 @@ class IdentityCodec final : public ValueCodec {
     wire::Reader r(data, size, "identity");
     wire::add_floats(r.at(read_cast_layout(r, id(), n)), n, scale, out);
   }
+  size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
+                     size_t capacity) const override {
+    return encode_in_place(x, n, residual, out, [&](const float* u) {
+      wire::Writer w(out, capacity);
+      write(u, n, w);
+      return w.size();
+    });
+  }
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
+    write(u, n, w);
+  }
+
+ private:
+  void write(const float* u, int64_t n, wire::Writer& w) const {
     w.header(id(), n);
     w.put_floats(u, n);  // an empty tensor's data may be null: put_floats copies nothing then
   }
@@ -71,12 +84,25 @@ class HalfCodec final : public ValueCodec {
       out[i] += scale * From16(h);
     }
   }
+  size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
+                     size_t capacity) const override {
+    return encode_in_place(x, n, residual, out, [&](const float* u) {
+      wire::Writer w(out, capacity);
+      write(u, n, w);
+      return w.size();
+    });
+  }
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
+    write(u, n, w);
+  }
+
+ private:
+  void write(const float* u, int64_t n, wire::Writer& w) const {
     w.header(id(), n);
-    uint8_t* values = w.reserve(n * 2);
+    uint8_t* values = w.reserve_uninitialized(n * 2);
     for (int64_t i = kId == CodecId::kFp16 && kHasF16c ? to_half_f16c(u, n, values) : 0; i < n; ++i) {
       const uint16_t h = To16(u[i]);
       std::memcpy(values + 2 * i, &h, 2);

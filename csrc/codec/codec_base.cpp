@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <stdexcept>
 
 namespace gradzip {
 
@@ -15,6 +17,34 @@ void ValueCodec::encode(const float* x, int64_t n, float* residual, const Encode
   for (int64_t i = 0; i < n; ++i) residual[i] += x[i];  // the residual now holds u = x + e
   encode_values(residual, n, ctx, out);
   decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // e = u − sent
+}
+
+namespace {
+
+// Copies a payload encoded into a vector to where encode_into() was asked to write it.
+size_t copy_payload(const std::vector<uint8_t>& payload, uint8_t* out, size_t capacity) {
+  if (payload.size() > capacity) throw std::logic_error("gradzip: a payload outgrew its codec's max_payload_bytes");
+  if (!payload.empty()) std::memcpy(out, payload.data(), payload.size());
+  return payload.size();
+}
+
+}  // namespace
+
+size_t Codec::encode_into(const float* x, int64_t n, float* residual, const EncodeContext& ctx, uint8_t* out,
+                          size_t capacity) const {
+  thread_local std::vector<uint8_t> payload;
+  payload.clear();
+  encode(x, n, residual, ctx, payload);
+  return copy_payload(payload, out, capacity);
+}
+
+size_t ValueCodec::encode_in_place(const float* x, int64_t n, float* residual, uint8_t* out,
+                                   const std::function<size_t(const float* u)>& write) const {
+  if (residual == nullptr) return write(x);
+  for (int64_t i = 0; i < n; ++i) residual[i] += x[i];  // the residual now holds u = x + e
+  const size_t size = write(residual);
+  decode_add(out, size, residual, n, -1.0f);  // e = u − sent
+  return size;
 }
 
 int64_t count_for_density(double density, int64_t n) {

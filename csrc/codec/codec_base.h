@@ -2,6 +2,7 @@
 // codec's own encoder, the same for every codec that has no fused path of its own.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "codec/codec_record.h"
@@ -32,6 +33,11 @@ class ValueCodec : public CodecBase {
   // Appends the payload of u[0..n) (header included) to `out`.
   virtual void encode_values(const float* u, int64_t n, const EncodeContext& ctx,
                              std::vector<uint8_t>& out) const = 0;
+  // encode_into() for a codec that writes its payload in place: u = x (+ residual) as
+  // encode() makes it, write(u) writes u's payload into `out` and returns its size, then
+  // the same residual update as encode().
+  size_t encode_in_place(const float* x, int64_t n, float* residual, uint8_t* out,
+                         const std::function<size_t(const float* u)>& write) const;
 };
 
 }  // namespace gradzip

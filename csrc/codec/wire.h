@@ -11,25 +11,34 @@
 
 namespace gradzip::wire {
 
+// Appends to a byte vector, or writes into a buffer of fixed capacity (an exchange's
+// slot): the same codec code for both.
 class Writer {
  public:
-  explicit Writer(std::vector<uint8_t>& out) : out_(out) {}
+  explicit Writer(std::vector<uint8_t>& out) : vector_(&out) {}
+  // Writes into data[0..capacity); writing past it is a logic error (the codec's
+  // max_payload_bytes was wrong).
+  Writer(uint8_t* data, size_t capacity) : data_(data), capacity_(capacity) {}
+
+  // The bytes written (appended) so far.
+  size_t size() const { return vector_ ? vector_->size() : size_; }
 
   template <typename T>
   void put(T value) {
-    const size_t at = out_.size();
-    out_.resize(at + sizeof(T));
-    std::memcpy(out_.data() + at, &value, sizeof(T));  // x86-64 and CUDA hosts are little-endian
+    std::memcpy(grow(sizeof(T)), &value, sizeof(T));  // x86-64 and CUDA hosts are little-endian
   }
   // Reserves `bytes` zeroed bytes and returns where they start (valid until the next put).
   uint8_t* reserve(size_t bytes) {
-    const size_t at = out_.size();
-    out_.resize(at + bytes, 0);
-    return out_.data() + at;
+    uint8_t* at = grow(bytes);
+    if (!vector_) std::memset(at, 0, bytes);  // a vector's resize has zeroed them
+    return at;
   }
+  // Reserves `bytes` that the caller writes every one of (in a fixed buffer they are not
+  // zeroed first).
+  uint8_t* reserve_uninitialized(size_t bytes) { return grow(bytes); }
   // n floats, as they are (a raw section).
   void put_floats(const float* values, int64_t n) {
-    if (n > 0) std::memcpy(reserve(static_cast<size_t>(n) * 4), values, static_cast<size_t>(n) * 4);
+    if (n > 0) std::memcpy(reserve_uninitialized(static_cast<size_t>(n) * 4), values, static_cast<size_t>(n) * 4);
   }
   void header(CodecId codec, uint64_t numel, uint32_t flags = 0) {
     put<uint16_t>(0x5A47);  // "GZ"
@@ -40,7 +49,21 @@ class Writer {
   }
 
  private:
-  std::vector<uint8_t>& out_;
+  uint8_t* grow(size_t bytes) {
+    if (vector_) {
+      const size_t at = vector_->size();
+      vector_->resize(at + bytes);
+      return vector_->data() + at;
+    }
+    if (bytes > capacity_ - size_) throw std::logic_error("gradzip: a payload outgrew its codec's max_payload_bytes");
+    uint8_t* at = data_ + size_;
+    size_ += bytes;
+    return at;
+  }
+
+  std::vector<uint8_t>* vector_ = nullptr;
+  uint8_t* data_ = nullptr;
+  size_t capacity_ = 0, size_ = 0;
 };
 
 // Where a section lies in a payload.

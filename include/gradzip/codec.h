@@ -72,6 +72,13 @@ class Codec {
   virtual void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                       std::vector<uint8_t>& out) const = 0;
 
+  // Writes the payload encode() would append into out[0..capacity) and returns its size;
+  // capacity must be at least max_payload_bytes(n). What an exchange calls to fill its
+  // slots: the codecs whose layout is fixed write in place, the others encode into a
+  // buffer kept per thread and copy.
+  virtual size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext& ctx, uint8_t* out,
+                             size_t capacity) const;
+
   // Adds scale × the payload's values to out[0..n). Throws PayloadError when the
   // payload is not a valid payload of this codec for n elements.
   virtual void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale = 1.0f) const = 0;

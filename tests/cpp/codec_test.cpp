@@ -88,6 +88,34 @@ TEST(CodecTest, PayloadsFitTheirBound) {
   }
 }
 
+// encode_into() (what an exchange calls for its slots) writes the bytes encode() appends
+// and leaves the same residual, for every codec, with and without error feedback; a
+// codec that writes in place refuses a buffer smaller than its payload.
+TEST(CodecTest, EncodeIntoWritesWhatEncodeAppends) {
+  for (const auto& spec : kSpecs) {
+    const auto codec = make_codec(parse_spec(spec));
+    for (int64_t n : {0, 1, 999, 4096}) {
+      const auto x = random_input(n, 3);
+      std::vector<float> residual(n, 0.25f), residual_into(n, 0.25f);
+      for (bool feedback : {false, true}) {
+        std::vector<uint8_t> appended;
+        codec->encode(x.data(), n, feedback ? residual.data() : nullptr, {5, 2, 1}, appended);
+        std::vector<uint8_t> slot(codec->max_payload_bytes(n) + 3, 0xCD);
+        const size_t size = codec->encode_into(x.data(), n, feedback ? residual_into.data() : nullptr, {5, 2, 1},
+                                               slot.data(), codec->max_payload_bytes(n));
+        ASSERT_EQ(size, appended.size()) << spec << " n=" << n;
+        EXPECT_TRUE(std::equal(appended.begin(), appended.end(), slot.begin())) << spec << " n=" << n;
+        for (size_t i = codec->max_payload_bytes(n); i < slot.size(); ++i) EXPECT_EQ(slot[i], 0xCD) << spec;
+        EXPECT_EQ(residual, residual_into) << spec << " n=" << n;
+      }
+    }
+  }
+  const auto fp16 = make_codec(parse_spec("fp16"));
+  const auto x = random_input(100, 4);
+  std::vector<uint8_t> small(fp16->max_payload_bytes(100) - 1);
+  EXPECT_THROW(fp16->encode_into(x.data(), 100, nullptr, {}, small.data(), small.size()), std::logic_error);
+}
+
 TEST(CodecTest, EncodingIsDeterministic) {
   const auto x = random_input(5000, 2);
   for (const auto& spec : kSpecs) {

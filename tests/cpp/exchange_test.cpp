@@ -108,10 +108,12 @@ TEST(ExchangeTest, RequestsAreParsed) {
 TEST(ExchangeTest, SlotsDeclareTheirSizeAndRefuseLies) {
   std::vector<uint8_t> slot(40, 0xAB);
   const uint8_t payload[5] = {1, 2, 3, 4, 5};
-  write_slot(payload, 5, slot.data(), 40);
+  std::memcpy(slot.data() + kSlotHeaderBytes, payload, 5);
+  seal_slot(5, slot.data(), 40);
   uint64_t declared;
   std::memcpy(&declared, slot.data(), 8);
   EXPECT_EQ(declared, 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_EQ(slot[kSlotHeaderBytes + i], payload[i]) << i;
   for (size_t i = 13; i < 40; ++i) EXPECT_EQ(slot[i], 0) << i;
   EXPECT_EQ(slot_payload_size(32, 40, 0), 32u);
   EXPECT_THROW(slot_payload_size(33, 40, 1), SlotError);

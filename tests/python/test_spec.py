@@ -52,8 +52,8 @@ def test_key_values_are_checked_by_their_owner_at_every_door():
 
 def test_aggregations_lists_every_key_with_its_default_and_meaning():
     kinds = gradzip.aggregations()
-    assert kinds["stc"]["keys"] == ["ef", "exchange", "reduce_scatter", "min_numel", "warmup", "seed", "density",
-                                    "density_warmup", "momentum", "approx"]
+    assert kinds["stc"]["keys"] == ["ef", "exchange", "rounds", "reduce_scatter", "min_numel", "warmup", "seed",
+                                    "density", "density_warmup", "momentum", "approx"]
     assert {k["name"]: k for k in kinds["sign"]["key_details"]}["exchange"]["expects"] == "one of auto, oneshot, twophase"
     details = {k["name"]: k for k in kinds["qsgd"]["key_details"]}
     assert details["bits"]["default"] == "4" and details["norm"]["expects"] == "one of l2, max"
