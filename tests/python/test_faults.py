@@ -16,7 +16,7 @@ from ranks import free_port
 TIMEOUT = 5  # the groups' timeout, seconds
 WORLD, VICTIM = 3, 2
 SPECS = ["allreduce", "stc:density=0.01,exchange=oneshot", "stc:density=0.01,exchange=twophase",
-         "gossip:topology=ring", "choco:topology=ring,compress=sign,gamma=0.5"]
+         "fp16:exchange=twophase,rounds=4", "gossip:topology=ring", "choco:topology=ring,compress=sign,gamma=0.5"]
 
 
 def _rank(rank, port, spec, fault, results):
