@@ -11,18 +11,14 @@
 namespace gradzip {
 namespace {
 
-class IdentityCodec final : public ValueCodec {
+// A codec that sends every element: its payload is the header and the values, which
+// write() puts through a wire::Writer, appended to a vector or in an exchange's slot.
+class CastCodec : public ValueCodec {
  public:
   using ValueCodec::ValueCodec;
-  bool biased() const override { return false; }
-  size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 4; }
-
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
-    wire::Reader r(data, size, "identity");
-    wire::add_floats(r.at(read_cast_layout(r, id(), n)), n, scale, out);
-  }
+  bool biased() const final { return false; }
   size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
-                     size_t capacity) const override {
+                     size_t capacity) const final {
     return encode_in_place(x, n, residual, out, [&](const float* u) {
       wire::Writer w(out, capacity);
       write(u, n, w);
@@ -31,13 +27,25 @@ class IdentityCodec final : public ValueCodec {
   }
 
  protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const final {
     wire::Writer w(out);
     write(u, n, w);
   }
+  virtual void write(const float* u, int64_t n, wire::Writer& w) const = 0;
+};
 
- private:
-  void write(const float* u, int64_t n, wire::Writer& w) const {
+class IdentityCodec final : public CastCodec {
+ public:
+  using CastCodec::CastCodec;
+  size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 4; }
+
+  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+    wire::Reader r(data, size, "identity");
+    wire::add_floats(r.at(read_cast_layout(r, id(), n)), n, scale, out);
+  }
+
+ protected:
+  void write(const float* u, int64_t n, wire::Writer& w) const override {
     w.header(id(), n);
     w.put_floats(u, n);  // an empty tensor's data may be null: put_floats copies nothing then
   }
@@ -68,10 +76,9 @@ __attribute__((target("f16c,avx"))) int64_t add_half_f16c(const uint8_t* values,
 
 // Half-width floats; To16/From16 convert one element.
 template <CodecId kId, uint16_t (*To16)(float), float (*From16)(uint16_t)>
-class HalfCodec final : public ValueCodec {
+class HalfCodec final : public CastCodec {
  public:
-  using ValueCodec::ValueCodec;
-  bool biased() const override { return false; }
+  using CastCodec::CastCodec;
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 2; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
@@ -84,23 +91,9 @@ class HalfCodec final : public ValueCodec {
       out[i] += scale * From16(h);
     }
   }
-  size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
-                     size_t capacity) const override {
-    return encode_in_place(x, n, residual, out, [&](const float* u) {
-      wire::Writer w(out, capacity);
-      write(u, n, w);
-      return w.size();
-    });
-  }
 
  protected:
-  void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
-    wire::Writer w(out);
-    write(u, n, w);
-  }
-
- private:
-  void write(const float* u, int64_t n, wire::Writer& w) const {
+  void write(const float* u, int64_t n, wire::Writer& w) const override {
     w.header(id(), n);
     uint8_t* values = w.reserve_uninitialized(n * 2);
     for (int64_t i = kId == CodecId::kFp16 && kHasF16c ? to_half_f16c(u, n, values) : 0; i < n; ++i) {
