@@ -172,7 +172,6 @@ void CompressedAllreduce::take_step(CompressedState& state, const std::string& k
   call.majority = majority_;
   if (!majority_ && op == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(transport.getSize());
   call.key = &key;
-  call.rounds = rounds_;
 }
 
 at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
@@ -191,7 +190,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_));
+  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
   if (plan.scheme == ExchangeScheme::kDense) return {};
   if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
   return plan;
@@ -304,6 +303,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   take_step(state, key, opts.reduceOp.op_, *transport, call);
   if (error_feedback_ && how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
+  call.rounds = rounds_for(tensor);
   const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
   lock.unlock();
 
@@ -334,7 +334,8 @@ CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const a
     return {true, "its reduce op (c10d RedOpType " + std::to_string(static_cast<int>(op)) + ") is not SUM or AVG"};
   }
   if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return {true, ""};
-  const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks, rounds_);
+  const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks,
+                                                     rounds_for(input));
   if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
     return {true, "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
                       std::to_string(cost.dense)};
@@ -374,6 +375,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   lock.lock();
   take_step(state, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
+  call.rounds = rounds_for(input);
   const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
   lock.unlock();
 

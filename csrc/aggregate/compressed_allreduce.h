@@ -110,6 +110,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                  const c10d::Backend& transport, ExchangeCall& call) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
+  // The rounds asked for a tensor: the spec's, or automatic (0) on the CPU; one round for
+  // CUDA tensors unless the spec asks, until pipelining is measured on a GPU (the device
+  // path still reads each slot's length on the host).
+  int64_t rounds_for(const at::Tensor& tensor) const { return rounds_ == 0 && tensor.is_cuda() ? 1 : rounds_; }
 
   std::shared_ptr<const Codec> codec_;
   // density_warmup: that many calls after `warmup`, in four stages of the codecs here.
