@@ -79,11 +79,13 @@ void OrderedWorker::loop() {
     running_ = true;
     current_ = &job;
     lock.unlock();
+    finished_ = Job();  // the job before, while this job's waiter is still alive to wait
     run(job);
     lock.lock();
     current_ = nullptr;
     lock.unlock();
-    job = Job();  // its future's callbacks go here, before the queue may look idle
+    job.run = nullptr;  // its captures go here, before the queue may look idle
+    finished_ = std::move(job);
     lock.lock();
     running_ = false;
     if (jobs_.empty()) idle_.notify_all();

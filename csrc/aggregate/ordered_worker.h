@@ -66,6 +66,12 @@ class OrderedWorker {
   bool stopping_ = false;
   std::string aborted_;  // the reason, once aborted
   Job* current_ = nullptr;  // the running job (worker thread's), for abort()
+  // The last finished job's tensors and future, kept (by the worker thread alone) until
+  // the next job starts or the destructor's thread drops them: their last reference may
+  // be a Python tensor's, and a thread other than the interpreter's own dies taking the
+  // GIL once the interpreter is shutting down, which a script that ends right after its
+  // last wait() starts while this thread would still be letting go of that job.
+  Job finished_;
   std::thread thread_;
 };
 

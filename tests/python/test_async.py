@@ -123,3 +123,25 @@ def powersgd_over_gradzip(rank, world):
 def test_powersgd_runs_over_the_gradzip_backend():
     outs = run_ranks(powersgd_over_gradzip, 2, timeout=120)
     assert torch.equal(outs[0], outs[1])
+
+
+def test_a_rank_may_end_right_after_its_last_wait():
+    """No cleanup at the end of a script: the worker keeps the last job's tensors until it
+    is destroyed, instead of dropping them on its own thread while the interpreter shuts
+    down (which aborted the process: "terminate called without an active exception")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ranks import free_port
+    script = Path(__file__).with_name("exit_after_wait.py")
+    for attempt in range(2):
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+                   OMP_NUM_THREADS="1")
+        procs = [subprocess.Popen([sys.executable, str(script)], env=dict(env, RANK=str(r)),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=120)
+            assert "finished" in out, (attempt, rank, err[-2000:])
+            assert proc.returncode == 0 and "terminate" not in err, (attempt, rank, proc.returncode, err[-2000:])
