@@ -58,6 +58,25 @@ void own_chunk(CompressedState& state, const Chunk& owned, const at::Device& dev
   if (state.owner_residual.device() != device) state.owner_residual = state.owner_residual.to(device);
 }
 
+// The pieces' state tensors end to end. Pieces that are consecutive views of one storage,
+// as the last call of the same layout left them, are viewed whole without a copy; others
+// (a first call, a new bucket layout, a loaded state) are concatenated.
+at::Tensor end_to_end(const std::vector<at::Tensor>& parts) {
+  const at::Tensor& first = parts.front();
+  bool consecutive = true;
+  int64_t total = 0;
+  for (const auto& part : parts) {
+    consecutive = consecutive && part.dim() == 1 && part.is_contiguous() && part.device() == first.device() &&
+                  part.storage().is_alias_of(first.storage()) &&
+                  part.storage_offset() == first.storage_offset() + total;
+    total += part.numel();
+  }
+  if (!consecutive) return at::cat(parts);
+  at::Tensor whole = at::empty({0}, first.options());
+  whole.set_(first.storage(), first.storage_offset(), {total}, {1});
+  return whole;
+}
+
 // Momentum correction, before the encode: u ← m·u + x becomes what is encoded. Returns
 // what the worker residual will hold where nothing is sent (residual + u), to find
 // where something was (mask_momentum).
@@ -222,9 +241,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
               tensors.front().numel());
   const at::Device device = residual_device(tensors.front());
   std::unique_lock<std::mutex> lock(mutex_);
-  // One state for the whole tensor, assembled from the pieces' and returned to them: the
-  // worker residuals end to end, and the owner residuals of the pieces' parts of the
-  // owned chunk, which tile it.
+  // One state for the whole tensor, assembled from the pieces' and returned to them as
+  // views of it (so the next call of the same layout assembles nothing): the worker
+  // residuals end to end, and the owner residuals of the pieces' parts of the owned
+  // chunk, which tile it.
   const CompressedState& first = states_[pieces.front().key];
   CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, first.calls, first.step};
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
@@ -248,10 +268,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       }
       offset += piece.numel;
     }
-    whole.residual = at::cat(parts);
-    if (!velocities.empty()) whole.velocity = at::cat(velocities);
+    whole.residual = end_to_end(parts);
+    if (!velocities.empty()) whole.velocity = end_to_end(velocities);
     if (!owned_parts.empty()) {
-      whole.owner_residual = at::cat(owned_parts);
+      whole.owner_residual = end_to_end(owned_parts);
       whole.owner_offset = how.owned.begin;
     }
   }
@@ -264,12 +284,11 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     state.calls = whole.calls;
     state.step = whole.step;
     if (keep) {
-      state.residual = whole.residual.narrow(0, offset, piece.numel).clone();
-      if (whole.velocity.defined()) state.velocity = whole.velocity.narrow(0, offset, piece.numel).clone();
+      state.residual = whole.residual.narrow(0, offset, piece.numel);
+      if (whole.velocity.defined()) state.velocity = whole.velocity.narrow(0, offset, piece.numel);
       const Chunk part = part_of_chunk(offset, piece.numel);
       if (part.length > 0) {
-        state.owner_residual =
-            whole.owner_residual.narrow(0, offset + part.begin - how.owned.begin, part.length).clone();
+        state.owner_residual = whole.owner_residual.narrow(0, offset + part.begin - how.owned.begin, part.length);
       }
     }
     offset += piece.numel;
