@@ -57,6 +57,15 @@ bool encode_unless_non_finite(const Codec& codec, const float* x, int64_t n, flo
   return false;
 }
 
+size_t encode_into_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
+                                     const EncodeContext& ctx, uint8_t* out, size_t capacity, bool& finite) {
+  finite = all_finite(x, n);
+  if (finite) return codec.encode_into(x, n, residual, ctx, out, capacity);
+  wire::Writer w(out, capacity);
+  w.header(codec.id(), static_cast<uint64_t>(n), kNonFinitePayloadFlag);
+  return w.size();
+}
+
 void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n) {
   const PayloadHeader header = read_payload_header(data, size);
   if (!header.non_finite) {

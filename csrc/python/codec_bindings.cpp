@@ -14,22 +14,29 @@ namespace py = pybind11;
 
 namespace gradzip::python {
 
+namespace {
+
+// Checks encode's tensors; returns the residual's data (null without one).
+float* encode_inputs(const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor>& residual) {
+  TORCH_CHECK(spec.codec(), "gradzip: '", spec.str(), "' is an aggregation without a codec");
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
+              "gradzip: encode takes a contiguous float32 CPU tensor");
+  if (!residual) return nullptr;
+  TORCH_CHECK(residual->device().is_cpu() && residual->scalar_type() == at::kFloat && residual->is_contiguous() &&
+                  residual->numel() == x.numel(),
+              "gradzip: the residual must be a contiguous float32 CPU tensor of ", x.numel(), " elements");
+  return residual->data_ptr<float>();
+}
+
+}  // namespace
+
 void bind_codec(py::module_& m) {
   py::register_exception<PayloadError>(m, "PayloadError", PyExc_ValueError);
   m.def(
       "encode",
       [](const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor> residual, uint64_t seed,
          uint64_t step, uint32_t rank) {
-        TORCH_CHECK(spec.codec(), "gradzip: '", spec.str(), "' is an aggregation without a codec");
-        TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous(),
-                    "gradzip: encode takes a contiguous float32 CPU tensor");
-        float* e = nullptr;
-        if (residual) {
-          TORCH_CHECK(residual->device().is_cpu() && residual->scalar_type() == at::kFloat &&
-                          residual->is_contiguous() && residual->numel() == x.numel(),
-                      "gradzip: the residual must be a contiguous float32 CPU tensor of ", x.numel(), " elements");
-          e = residual->data_ptr<float>();
-        }
+        float* e = encode_inputs(x, spec, residual);
         std::vector<uint8_t> out;
         bool finite;
         {
@@ -40,6 +47,36 @@ void bind_codec(py::module_& m) {
       },
       py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
       "(payload, finite): a non-finite x gives the header-only non-finite payload and leaves the residual.");
+  m.def(
+      "encode_into",
+      [](const at::Tensor& x, const BoundSpec& spec, std::optional<at::Tensor> residual, uint64_t seed,
+         uint64_t step, uint32_t rank, at::Tensor& out) {
+        float* e = encode_inputs(x, spec, residual);
+        const auto capacity = static_cast<int64_t>(spec.codec()->max_payload_bytes(x.numel()));
+        TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kByte && out.is_contiguous(),
+                    "gradzip: encode writes into a contiguous uint8 CPU tensor, not ", out.scalar_type(), " on ",
+                    out.device());
+        TORCH_CHECK(out.numel() >= capacity, "gradzip: a ", spec.codec()->name(), " payload of ", x.numel(),
+                    " elements may take ", capacity, " bytes; `out` holds ", out.numel());
+        size_t size;
+        bool finite;
+        {
+          py::gil_scoped_release no_gil;
+          size = encode_into_unless_non_finite(*spec.codec(), x.data_ptr<float>(), x.numel(), e, {seed, step, rank},
+                                               out.data_ptr<uint8_t>(), static_cast<size_t>(out.numel()), finite);
+        }
+        return py::make_tuple(size, finite);
+      },
+      py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
+      py::arg("out"), "(size, finite): encode() written at the start of `out` (uint8, max_payload_bytes at least).");
+  m.def(
+      "max_payload_bytes",
+      [](const BoundSpec& spec, int64_t numel) {
+        TORCH_CHECK(spec.codec(), "gradzip: '", spec.str(), "' is an aggregation without a codec");
+        TORCH_CHECK(numel >= 0, "gradzip: max_payload_bytes needs numel >= 0, got ", numel);
+        return spec.codec()->max_payload_bytes(numel);
+      },
+      py::arg("spec"), py::arg("numel"));
   m.def(
       "all_finite",
       [](const at::Tensor& x) {
@@ -61,6 +98,19 @@ void bind_codec(py::module_& m) {
       },
       py::arg("data"), py::arg("out"),
       "Adds the payload's values to `out` (its element count must match); a non-finite payload gives NaN.");
+  m.def(
+      "decode_add",
+      [](const at::Tensor& data, at::Tensor& out) {
+        TORCH_CHECK(data.device().is_cpu() && data.scalar_type() == at::kByte && data.is_contiguous(),
+                    "gradzip: a payload tensor is contiguous uint8 on the CPU, not ", data.scalar_type(), " on ",
+                    data.device());
+        TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
+                    "gradzip: decode_add writes into a contiguous float32 CPU tensor");
+        py::gil_scoped_release no_gil;
+        decode_payload_add(data.data_ptr<uint8_t>(), static_cast<size_t>(data.numel()), out.data_ptr<float>(),
+                           out.numel());
+      },
+      py::arg("data"), py::arg("out"), "decode_add of a payload held in a uint8 tensor (encode's `out`).");
   m.def(
       "payload_header",
       [](const py::bytes& data) {

@@ -112,6 +112,10 @@ bool all_finite(const float* x, int64_t n);
 // residual as it was and returns false.
 bool encode_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
                               const EncodeContext& ctx, std::vector<uint8_t>& out);
+// encode_unless_non_finite() into out[0..capacity) (at least codec.max_payload_bytes(n)):
+// returns the payload's size and sets `finite` to what encode_unless_non_finite() returns.
+size_t encode_into_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
+                                     const EncodeContext& ctx, uint8_t* out, size_t capacity, bool& finite);
 // Adds any payload's values to out[0..n): its codec from the header; a non-finite
 // payload makes every element NaN. Throws PayloadError. (Codec::decode_add() refuses
 // non-finite payloads: aggregations agree on finiteness before they encode.)

@@ -12,7 +12,7 @@ One tensor: gradzip.tensor_codec. Whole models in one checked container (APPFL's
 compress_model shape): gradzip.model_codec.
 """
 from .model_codec import ModelState, compress_model, decompress_model, model_stats
-from .tensor_codec import PayloadError, State, decode, encode, header
+from .tensor_codec import PayloadError, State, decode, encode, header, max_payload_bytes
 
 __all__ = ["ModelState", "PayloadError", "State", "compress_model", "decode", "decompress_model", "encode", "header",
-           "model_stats"]
+           "max_payload_bytes", "model_stats"]

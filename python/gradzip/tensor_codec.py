@@ -48,9 +48,28 @@ class State:
         self.seed, self.rank, self.error_feedback = state["seed"], state["rank"], state["error_feedback"]
 
 
-def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
+def max_payload_bytes(spec, numel: int) -> int:
+    """The most bytes a payload of `numel` elements under `spec` can take: the size of a
+    buffer that encode(..., out=buffer) always fits."""
+    return _C.max_payload_bytes(_codec_spec(spec), numel)
+
+
+def _codec_spec(spec):
+    bound = bind_spec(spec)
+    if bound.codec is None:
+        raise SpecError(f"gradzip.codec: {str(bound)!r} names an aggregation without a codec; codecs: "
+                        + ", ".join(kind["name"] for kind in _C.codec_kinds()))
+    if bound.decentralized:
+        raise SpecError(f"gradzip.codec: {str(bound)!r} is decentralized gossip, not a codec; encode with "
+                        f"{bound.codec!r} instead")
+    return bound
+
+
+def encode(tensor: torch.Tensor, spec, state: Optional[State] = None, out: Optional[torch.Tensor] = None):
     """The payload of `tensor` (any shape, a floating dtype) under `spec` (a string or a
-    gradzip.Spec naming a codec).
+    gradzip.Spec naming a codec): bytes, or with `out` (a contiguous uint8 CPU tensor of at
+    least max_payload_bytes(spec, tensor.numel()) bytes, kept from call to call) the view
+    of `out` that the payload was written into, with no bytes object made.
 
     With a State, encodes tensor + state.residual (when error feedback is on: the spec's
     `ef`, else state.error_feedback), updates the residual and advances state.step.
@@ -59,13 +78,7 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
     non-finite payload that decodes to all NaN, and leaves the State as it was."""
     if not isinstance(tensor, torch.Tensor) or not tensor.is_floating_point():
         raise TypeError(f"gradzip.codec.encode takes a floating tensor, not {getattr(tensor, 'dtype', type(tensor))}")
-    bound = bind_spec(spec)
-    if bound.codec is None:
-        raise SpecError(f"gradzip.codec: {str(bound)!r} names an aggregation without a codec; codecs: "
-                        + ", ".join(kind["name"] for kind in _C.codec_kinds()))
-    if bound.decentralized:
-        raise SpecError(f"gradzip.codec: {str(bound)!r} is decentralized gossip, not a codec; encode with "
-                        f"{bound.codec!r} instead")
+    bound = _codec_spec(spec)
     x = tensor.detach().to("cpu", torch.float32).contiguous().view(-1)
     residual, seed, step, rank = None, 0, 0, 0
     if state is not None:
@@ -80,22 +93,30 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None) -> bytes:
             residual = state.residual
     if bound.seed is not None:
         seed = bound.seed
-    data, finite = _C.encode(x, bound, residual, seed, step, rank)
+    if out is None:
+        data, finite = _C.encode(x, bound, residual, seed, step, rank)
+    else:
+        if not isinstance(out, torch.Tensor):
+            raise TypeError(f"gradzip.codec.encode: out must be a uint8 tensor, not {type(out).__name__}")
+        size, finite = _C.encode_into(x, bound, residual, seed, step, rank, out)
+        data = out[:size]
     if state is not None and finite:
         state.step += 1
     return data
 
 
-def decode(data: bytes, like: torch.Tensor) -> torch.Tensor:
+def decode(data, like: torch.Tensor) -> torch.Tensor:
     """A new tensor shaped like `like` (its dtype and device too) holding the payload's values
-    (all NaN for a non-finite payload)."""
+    (all NaN for a non-finite payload). `data`: bytes, or a uint8 CPU tensor (what
+    encode(..., out=...) returns)."""
     values = torch.zeros(like.numel(), dtype=torch.float32)
-    _C.decode_add(bytes(data), values)
+    _C.decode_add(data.contiguous() if isinstance(data, torch.Tensor) else bytes(data), values)
     return values.view(like.shape).to(device=like.device, dtype=like.dtype)
 
 
 def header(data: bytes) -> dict:
     """The payload's header: codec name, wire-format version, element count, and whether
     its sender's input was finite (False: a non-finite payload, the header alone)."""
-    codec, version, numel, finite = _C.payload_header(bytes(data))
+    raw = bytes(data.contiguous().numpy()[:16]) if isinstance(data, torch.Tensor) else bytes(data)
+    codec, version, numel, finite = _C.payload_header(raw)
     return {"codec": codec, "version": version, "numel": numel, "finite": finite}

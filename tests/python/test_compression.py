@@ -271,3 +271,39 @@ def test_codec_round_trip_and_errors():
     with pytest.raises(TypeError, match="floating tensor"):
         gradzip.codec.encode(torch.ones(3, dtype=torch.int64), "topk")
     assert gradzip.codec.decode(gradzip.codec.encode(x.half(), "fp16"), like=x.half()).equal(x.half())
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_encode_into_a_kept_buffer_gives_the_same_payload(spec):
+    """encode(..., out=buffer) writes the bytes encode() returns into the buffer, leaves the
+    same State, and decode() takes the view it returns."""
+    buffer = torch.empty(gradzip.codec.max_payload_bytes(spec, 3001), dtype=torch.uint8)
+    to_bytes, to_buffer = gradzip.codec.State(seed=4, rank=1), gradzip.codec.State(seed=4, rank=1)
+    for step in range(3):
+        x = grad_like(3001, 0, step)
+        data = gradzip.codec.encode(x, spec, to_bytes)
+        view = gradzip.codec.encode(x, spec, to_buffer, out=buffer)
+        assert view.dtype == torch.uint8 and view.data_ptr() == buffer.data_ptr()
+        assert bytes(view.numpy()) == data, (spec, step)
+        assert torch.equal(gradzip.codec.decode(view, like=x), gradzip.codec.decode(data, like=x))
+        assert to_buffer.step == to_bytes.step
+        assert (to_buffer.residual is None) == (to_bytes.residual is None)
+        if to_bytes.residual is not None:
+            assert torch.equal(to_buffer.residual, to_bytes.residual)
+
+
+def test_encode_into_refuses_what_cannot_hold_a_payload():
+    x = torch.randn(1000)
+    need = gradzip.codec.max_payload_bytes("fp16", 1000)
+    assert need == 16 + 2 * 1000
+    with pytest.raises(RuntimeError, match=f"may take {need} bytes; `out` holds {need - 1}"):
+        gradzip.codec.encode(x, "fp16", out=torch.empty(need - 1, dtype=torch.uint8))
+    with pytest.raises(RuntimeError, match="contiguous uint8 CPU tensor"):
+        gradzip.codec.encode(x, "fp16", out=torch.empty(need, dtype=torch.int32))
+    with pytest.raises(TypeError, match="out must be a uint8 tensor"):
+        gradzip.codec.encode(x, "fp16", out=bytearray(need))
+    with pytest.raises(RuntimeError, match="contiguous uint8 on the CPU"):
+        gradzip.codec.decode(torch.zeros(need, dtype=torch.float32), like=x)
+    x[3] = float("inf")  # a non-finite step: the header alone, in the buffer too
+    view = gradzip.codec.encode(x, "fp16", out=torch.empty(need, dtype=torch.uint8))
+    assert view.numel() == 16 and gradzip.codec.decode(view, like=x).isnan().all()
