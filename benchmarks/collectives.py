@@ -20,9 +20,10 @@ Floor: a method's wire bytes over the link rate (--link-rate, or the rate netns.
 shaped; none on loopback) plus its memory traffic over the copy bandwidth each rank gets
 while all ranks copy at once, both measured or set in the same run: its time if nothing
 overlapped. The two-phase exchange's pipelined rounds overlap the wire with the codec's
-passes, so a method can come in under it (time/floor below 1). Memory traffic of a compressed all-reduce: memory_bytes() below (encode, the
-payloads written and read, the sums zeroed and added into). time/floor
-is how far a method is from it. Rank 0 prints the table and writes JSON.
+passes, so a method can come in under it (time/floor below 1). Memory traffic of a
+compressed all-reduce: memory_bytes() below (encode, the payloads written and read, the
+sums zeroed and added into). time/floor is how far a method is from it. Rank 0 prints
+the table and writes JSON.
 """
 import argparse
 import json

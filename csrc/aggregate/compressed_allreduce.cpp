@@ -209,7 +209,8 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
+  plan.scheme =
+      choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
   if (plan.scheme == ExchangeScheme::kDense) return {};
   if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
   return plan;

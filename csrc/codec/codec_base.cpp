@@ -19,23 +19,14 @@ void ValueCodec::encode(const float* x, int64_t n, float* residual, const Encode
   decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // e = u − sent
 }
 
-namespace {
-
-// Copies a payload encoded into a vector to where encode_into() was asked to write it.
-size_t copy_payload(const std::vector<uint8_t>& payload, uint8_t* out, size_t capacity) {
-  if (payload.size() > capacity) throw std::logic_error("gradzip: a payload outgrew its codec's max_payload_bytes");
-  if (!payload.empty()) std::memcpy(out, payload.data(), payload.size());
-  return payload.size();
-}
-
-}  // namespace
-
 size_t Codec::encode_into(const float* x, int64_t n, float* residual, const EncodeContext& ctx, uint8_t* out,
                           size_t capacity) const {
   thread_local std::vector<uint8_t> payload;
   payload.clear();
   encode(x, n, residual, ctx, payload);
-  return copy_payload(payload, out, capacity);
+  if (payload.size() > capacity) throw std::logic_error("gradzip: a payload outgrew its codec's max_payload_bytes");
+  if (!payload.empty()) std::memcpy(out, payload.data(), payload.size());
+  return payload.size();
 }
 
 size_t ValueCodec::encode_in_place(const float* x, int64_t n, float* residual, uint8_t* out,
