@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One command on a GPU machine: build gradzip with its CUDA kernels, run every test that
 # needs the GPU (a skip there is a failure), run them again under compute-sanitizer
-# (memcheck, racecheck, synccheck), print ptxas's resource report, then benchmark the kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/).
+# (memcheck, racecheck, synccheck), print ptxas's resource report, then benchmark the
+# kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/) and, with
+# two GPUs or more, the end-to-end all_reduce against NCCL (benchmarks/cuda_allreduce.py).
 #
 #   benchmarks/gpu.sh            # the full benchmark (1M, 10M, 100M elements)
 #   benchmarks/gpu.sh --quick    # smaller sizes
@@ -29,9 +31,23 @@ skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | grep -c '^\
 "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log
 ! grep -q "skipped" build/test_cuda.log || { echo "gpu.sh: GPU pytest cases skipped on a GPU machine"; exit 1; }
 
-# Every GPU GoogleTest under each of compute-sanitizer's tools; any report fails the run.
+# Every GPU GoogleTest under each of compute-sanitizer's tools (sizes up to 100003, the
+# slowed-down kernels' budget); any report fails the run.
 for tool in memcheck racecheck synccheck; do
-  compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
+  GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests \
+    --gtest_filter='CudaKernelsTest.*'
 done
 
-"$PYTHON" benchmarks/cuda_kernels.py "$@"
+# The kernels' table; it exits non-zero after printing when a target is missed.
+kernels=0
+"$PYTHON" benchmarks/cuda_kernels.py "$@" || kernels=$?
+
+# End to end: one rank per GPU (NCCL cannot put two ranks on one GPU).
+gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+if [ "$gpus" -ge 2 ]; then
+  quick=(); [ "${1:-}" = --quick ] && quick=(--numel 4000000)
+  "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node "$gpus" benchmarks/cuda_allreduce.py "${quick[@]}"
+else
+  echo "gpu.sh: one GPU: no end-to-end all_reduce table (benchmarks/cuda_allreduce.py needs a GPU per rank)"
+fi
+exit "$kernels"

@@ -8,6 +8,7 @@
 #include "cuda_check.h"
 #include "encoders.h"
 #include "payload_bytes.cuh"
+#include "payload_rows.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -56,6 +57,19 @@ __global__ void __launch_bounds__(kThreads) cast_add(const uint8_t* values, int6
   if (i < n) out[i] = out[i] + loaded<kId>(values, i);
 }
 
+// `count` payloads at payloads + r·stride, their values at `values_at` in each: each
+// element's scaled values added in row order, as the host's out[i] += scale · value.
+template <CodecId kId>
+__global__ void __launch_bounds__(kThreads) cast_add_rows(const uint8_t* payloads, size_t stride, int count,
+                                                          uint64_t values_at, float scale, bool set, int64_t n,
+                                                          float* out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = set ? 0.0f : out[i];
+  for (int r = 0; r < count; ++r) sum += scale * loaded<kId>(payloads + static_cast<size_t>(r) * stride + values_at, i);
+  out[i] = sum;
+}
+
 constexpr size_t value_bytes(CodecId id) { return id == CodecId::kIdentity ? 4 : 2; }
 
 }  // namespace
@@ -63,6 +77,10 @@ constexpr size_t value_bytes(CodecId id) { return id == CodecId::kIdentity ? 4 :
 
 namespace gradzip {
 namespace {
+
+constexpr const char* cast_name(CodecId id) {
+  return id == CodecId::kIdentity ? "identity" : id == CodecId::kFp16 ? "fp16" : "bf16";
+}
 
 template <CodecId kId>
 DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t n, float* residual,
@@ -85,7 +103,7 @@ DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t
 template <CodecId kId>
 void cast_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
                             int64_t n, int*, DeviceArena&, cudaStream_t stream) {
-  wire::Reader r(prefix, have, size, kId == CodecId::kIdentity ? "identity" : kId == CodecId::kFp16 ? "fp16" : "bf16");
+  wire::Reader r(prefix, have, size, cast_name(kId));
   const wire::Section values = read_cast_layout(r, kId, n);
   if (n <= 0) return;
   cuda::cast_add<kId><<<cuda::blocks_for(n, cuda::kThreads), cuda::kThreads, 0, stream>>>(payload + values.offset,
@@ -93,11 +111,29 @@ void cast_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
   cuda::check_launch("cast_add");
 }
 
+template <CodecId kId>
+bool cast_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int*,
+                             cudaStream_t stream) {
+  const auto layouts = cuda::row_layouts(rows, n, cast_name(kId), [](wire::Reader& r, int64_t n) {
+    return read_cast_layout(r, kId, n).offset;
+  });
+  if (!cuda::laid_out_alike(layouts, [](uint64_t values_at) { return values_at; })) return false;
+  if (n <= 0) return true;
+  cuda::cast_add_rows<kId><<<cuda::blocks_for(n, cuda::kThreads), cuda::kThreads, 0, stream>>>(
+      rows.data, rows.stride, static_cast<int>(layouts.size()), layouts.front(), scale, set, n, out);
+  cuda::check_launch("cast_add_rows");
+  return true;
+}
+
+template <CodecId kId>
+constexpr DeviceHalf cast_device_half() {
+  return {cast_device_encode<kId>, cast_device_decode_add<kId>, nullptr, cast_device_decode_rows<kId>};
+}
+
 }  // namespace
 
-const DeviceHalf kIdentityDevice = {cast_device_encode<CodecId::kIdentity>, cast_device_decode_add<CodecId::kIdentity>,
-                                    nullptr};
-const DeviceHalf kFp16Device = {cast_device_encode<CodecId::kFp16>, cast_device_decode_add<CodecId::kFp16>, nullptr};
-const DeviceHalf kBf16Device = {cast_device_encode<CodecId::kBf16>, cast_device_decode_add<CodecId::kBf16>, nullptr};
+const DeviceHalf kIdentityDevice = cast_device_half<CodecId::kIdentity>();
+const DeviceHalf kFp16Device = cast_device_half<CodecId::kFp16>();
+const DeviceHalf kBf16Device = cast_device_half<CodecId::kBf16>();
 
 }  // namespace gradzip

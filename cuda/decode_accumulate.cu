@@ -213,19 +213,17 @@ __global__ void __launch_bounds__(kThreads)
   out[i] += ((signs[j / 8] >> (j % 8)) & 1) ? mu : -mu;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    sign_add(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float scale = block ? scales[i / block] : 1.0f;
-  out[i] += ((bits[i / 32] >> (i % 32)) & 1u) ? scale : -scale;
+// Element i's term of a sign payload, scaled as the host decoder scales it.
+__device__ __forceinline__ float sign_term(const float* scales, const uint32_t* bits, uint32_t block, float scale,
+                                           int64_t i) {
+  const float s = block ? scale * scales[i / block] : scale;
+  return ((bits[i / 32] >> (i % 32)) & 1u) ? s : -s;
 }
 
-__global__ void __launch_bounds__(kThreads)
-    qsgd_add(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
-             int64_t n, int* error) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
+// Element i's term of a QSGD payload (unit = scale × norm / levels, rounded as the host
+// rounds it); false when its level is above `levels`.
+__device__ __forceinline__ bool qsgd_term(const float* norms, const uint32_t* codes, int width, uint32_t levels,
+                                          uint32_t bucket, float scale, int64_t i, float& term) {
   const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
   const int offset = static_cast<int>(position % 32);
   uint32_t code = codes[position / 32] >> offset;
@@ -233,61 +231,123 @@ __global__ void __launch_bounds__(kThreads)
   code &= (1u << width) - 1u;
   const uint32_t sign_bit = 1u << (width - 1);
   const uint32_t level = code & (sign_bit - 1u);
-  if (level > levels) {
+  if (level > levels) return false;
+  const float unit = scale * norms[i / bucket] / static_cast<float>(levels);
+  const float magnitude = unit * static_cast<float>(level);
+  term = (code & sign_bit) ? -magnitude : magnitude;
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sign_add(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  out[i] += sign_term(scales, bits, block, 1.0f, i);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_add(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
+             int64_t n, int* error) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float term;
+  if (!qsgd_term(norms, codes, width, levels, bucket, 1.0f, i, term)) {
     atomicOr(error, kBadLevel);
     return;
   }
-  const float unit = norms[i / bucket] / static_cast<float>(levels);
-  const float magnitude = unit * static_cast<float>(level);
-  out[i] += (code & sign_bit) ? -magnitude : magnitude;
+  out[i] += term;
 }
 
-struct StcScratch {
-  int64_t* indices;
-  uint64_t* counts;  // bitmap: marks per word
-  uint64_t* before;
-  uint8_t* exits;    // Golomb: per segment and entry state
-  uint32_t* codes;
-  uint8_t* group_exits;
-  uint64_t* group_codes;
-  uint8_t* group_entry;
-  uint64_t* group_before;
-  uint8_t* entry;
-  uint64_t* segment_before;
-  uint64_t* ends;   // k
-  uint64_t* steps;  // k
-  uint64_t* sums;   // k: steps before each code
-  void* cub_temp;
-  size_t cub_bytes;
-  size_t total;
-  int64_t segments, groups;
+__global__ void __launch_bounds__(kThreads)
+    scaled_add(float* out, const float* terms, float scale, bool set, int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = (set ? 0.0f : out[i]) + scale * terms[i];
+}
 
-  StcScratch(void* base, int64_t n, int64_t k, uint64_t position_bytes) {
+__global__ void __launch_bounds__(kThreads)
+    sign_add_rows(const uint8_t* payloads, size_t stride, int count, SignRows layout, float scale, bool set, float* out,
+                  int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = set ? 0.0f : out[i];
+  for (int r = 0; r < count; ++r) {
+    const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
+    sum += sign_term(reinterpret_cast<const float*>(row + layout.scales_at),
+                     reinterpret_cast<const uint32_t*>(row + layout.bits_at), layout.block, scale, i);
+  }
+  out[i] = sum;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_add_rows(const uint8_t* payloads, size_t stride, int count, QsgdRows layout, float scale, bool set, float* out,
+                  int64_t n, int* errors) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = set ? 0.0f : out[i];
+  for (int r = 0; r < count; ++r) {
+    const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
+    float term;
+    if (qsgd_term(reinterpret_cast<const float*>(row + layout.norms_at),
+                  reinterpret_cast<const uint32_t*>(row + layout.codes_at), layout.width, layout.levels, layout.bucket,
+                  scale, i, term)) {
+      sum += term;
+    } else {
+      atomicOr(errors + r, kBadLevel);
+    }
+  }
+  out[i] = sum;
+}
+
+// The STC decoder's scratch, carved for one payload's position coding only: a bitmap's
+// per-word counts, or the Golomb decoder's segment tables and per-code arrays.
+struct StcScratch {
+  int64_t* indices = nullptr;  // k
+  uint64_t* counts = nullptr;  // bitmap: marks per word
+  uint64_t* before = nullptr;
+  uint8_t* exits = nullptr;  // Golomb: per segment and entry state
+  uint32_t* codes = nullptr;
+  uint8_t* group_exits = nullptr;
+  uint64_t* group_codes = nullptr;
+  uint8_t* group_entry = nullptr;
+  uint64_t* group_before = nullptr;
+  uint8_t* entry = nullptr;
+  uint64_t* segment_before = nullptr;
+  uint64_t* ends = nullptr;   // k
+  uint64_t* steps = nullptr;  // k
+  uint64_t* sums = nullptr;   // k: steps before each code
+  void* cub_temp = nullptr;
+  size_t cub_bytes = 0;
+  size_t total = 0;
+  int64_t segments = 0, groups = 0;
+
+  StcScratch(void* base, int64_t n, int64_t k, uint64_t position_bytes, bool bitmap) {
     ScratchCarver carve(base);
-    const size_t words = static_cast<size_t>((n + 31) / 32);
-    const size_t states = kMaxGolombParameter + 1;
-    segments = static_cast<int64_t>((position_bytes * 8 + kSegmentBits - 1) / kSegmentBits);
-    groups = (segments + kGroupSegments - 1) / kGroupSegments;
-    const size_t kk = static_cast<size_t>(k), ss = static_cast<size_t>(segments), gg = static_cast<size_t>(groups);
+    const size_t kk = static_cast<size_t>(k);
     indices = carve.take<int64_t>(kk);
-    counts = carve.take<uint64_t>(words);
-    before = carve.take<uint64_t>(words);
-    exits = carve.take<uint8_t>(ss * states);
-    codes = carve.take<uint32_t>(ss * states);
-    group_exits = carve.take<uint8_t>(gg * states);
-    group_codes = carve.take<uint64_t>(gg * states);
-    group_entry = carve.take<uint8_t>(gg);
-    group_before = carve.take<uint64_t>(gg);
-    entry = carve.take<uint8_t>(ss);
-    segment_before = carve.take<uint64_t>(ss);
-    ends = carve.take<uint64_t>(kk);
-    steps = carve.take<uint64_t>(kk);
-    sums = carve.take<uint64_t>(kk);
-    size_t bitmap_bytes = 0, golomb_bytes = 0;
-    check(cub::DeviceScan::ExclusiveSum(nullptr, bitmap_bytes, counts, before, static_cast<int64_t>(words)),
-          "cub::DeviceScan (size)");
-    check(cub::DeviceScan::ExclusiveSum(nullptr, golomb_bytes, steps, sums, k), "cub::DeviceScan (size)");
-    cub_bytes = std::max(bitmap_bytes, golomb_bytes);
+    if (bitmap) {
+      const size_t words = static_cast<size_t>((n + 31) / 32);
+      counts = carve.take<uint64_t>(words);
+      before = carve.take<uint64_t>(words);
+      check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, counts, before, static_cast<int64_t>(words)),
+            "cub::DeviceScan (size)");
+    } else {
+      const size_t states = kMaxGolombParameter + 1;
+      segments = static_cast<int64_t>((position_bytes * 8 + kSegmentBits - 1) / kSegmentBits);
+      groups = (segments + kGroupSegments - 1) / kGroupSegments;
+      const size_t ss = static_cast<size_t>(segments), gg = static_cast<size_t>(groups);
+      exits = carve.take<uint8_t>(ss * states);
+      codes = carve.take<uint32_t>(ss * states);
+      group_exits = carve.take<uint8_t>(gg * states);
+      group_codes = carve.take<uint64_t>(gg * states);
+      group_entry = carve.take<uint8_t>(gg);
+      group_before = carve.take<uint64_t>(gg);
+      entry = carve.take<uint8_t>(ss);
+      segment_before = carve.take<uint64_t>(ss);
+      ends = carve.take<uint64_t>(kk);
+      steps = carve.take<uint64_t>(kk);
+      sums = carve.take<uint64_t>(kk);
+      check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, steps, sums, k), "cub::DeviceScan (size)");
+    }
     cub_temp = carve.take_bytes(cub_bytes);
     total = carve.size();
   }
@@ -332,13 +392,13 @@ void add_topk(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k,
   check_launch("topk_add");
 }
 
-size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes) {
-  return StcScratch(nullptr, n, k, position_bytes).total;
+size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes, bool bitmap) {
+  return StcScratch(nullptr, n, k, position_bytes, bitmap).total;
 }
 
 void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
              int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream) {
-  const StcScratch s(scratch, n, k, position_bytes);
+  const StcScratch s(scratch, n, k, position_bytes, bitmap);
   if (bitmap) {
     const int64_t words = (n + 31) / 32;
     if (words == 0) return;  // n = 0, so k = 0
@@ -370,6 +430,27 @@ void add_qsgd(const float* norms, const uint32_t* codes, int width, uint32_t lev
   if (n <= 0) return;
   qsgd_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(norms, codes, width, levels, bucket, out, n, error);
   check_launch("qsgd_add");
+}
+
+void add_scaled(float* out, const float* terms, float scale, bool set, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  scaled_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(out, terms, scale, set, n);
+  check_launch("scaled_add");
+}
+
+void add_sign_rows(const uint8_t* payloads, size_t stride, int count, const SignRows& layout, float scale, bool set,
+                   float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  sign_add_rows<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(payloads, stride, count, layout, scale, set, out, n);
+  check_launch("sign_add_rows");
+}
+
+void add_qsgd_rows(const uint8_t* payloads, size_t stride, int count, const QsgdRows& layout, float scale, bool set,
+                   float* out, int64_t n, int* errors, cudaStream_t stream) {
+  if (n <= 0) return;
+  qsgd_add_rows<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(payloads, stride, count, layout, scale, set, out, n,
+                                                                   errors);
+  check_launch("qsgd_add_rows");
 }
 
 }  // namespace gradzip::cuda

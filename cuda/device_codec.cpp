@@ -38,26 +38,56 @@ DevicePayload device_encode(const Codec& codec, const float* x, int64_t n, float
   return device_half(codec.id()).encode(codec.parameters(), x, n, residual, ctx, arena, stream);
 }
 
+std::vector<uint8_t> read_row_prefixes(const uint8_t* rows, size_t stride, int count, size_t bytes,
+                                       cudaStream_t stream) {
+  std::vector<uint8_t> prefixes(bytes * count, 0);
+  if (count == 0 || bytes == 0) return prefixes;
+  check(cudaMemcpy2DAsync(prefixes.data(), bytes, rows, stride, bytes, count, cudaMemcpyDeviceToHost, stream),
+        "reading the payload headers");
+  check(cudaStreamSynchronize(stream), "payload headers");
+  return prefixes;
+}
+
+size_t payload_prefix_bytes(size_t stride) { return std::min(kPrefixBytes, stride); }
+
 void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
-                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream) {
+                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale, bool set,
+                       const uint8_t* prefixes, size_t prefix_stride) {
   const DeviceHalf& half = device_half(codec);
   const int count = static_cast<int>(sizes.size());
-  if (count == 0) return;
   if (stride % 8 != 0) throw std::logic_error("gradzip: payload stride must be a multiple of 8");
-  const size_t have = std::min(kPrefixBytes, stride);
-  std::vector<uint8_t> prefixes(kPrefixBytes * count, 0);
-  check(cudaMemcpy2DAsync(prefixes.data(), kPrefixBytes, payloads, stride, have, count, cudaMemcpyDeviceToHost, stream),
-        "reading the payload headers");
+  if (count == 0) {
+    if (set && n > 0) check(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "clearing the sum");
+    return;
+  }
+  const size_t have = payload_prefix_bytes(stride);
+  std::vector<uint8_t> read;
+  if (!prefixes) {
+    read = read_row_prefixes(payloads, stride, count, have, stream);
+    prefixes = read.data();
+    prefix_stride = have;
+  }
   auto* errors = static_cast<int*>(arena.allocate(sizeof(int) * count));
   check(cudaMemsetAsync(errors, 0, sizeof(int) * count, stream), "clearing the payload checks");
-  check(cudaStreamSynchronize(stream), "payload headers");
-  for (int r = 0; r < count; ++r) {
-    try {
-      half.queue_decode_add(payloads + r * stride, prefixes.data() + r * kPrefixBytes, std::min(have, sizes[r]),
-                            sizes[r], out, n, errors + r, arena, stream);
-    } catch (const PayloadError& e) {
-      throw RankPayloadError(r, e.what());
+  const PayloadRows rows{payloads, stride, prefixes, prefix_stride, have, &sizes};
+  if (!half.queue_decode_rows || !half.queue_decode_rows(rows, scale, set, out, n, errors, stream)) {
+    // Payload after payload, each read and written by its own kernels.
+    float* target = out;
+    if (scale != 1.0f) {
+      target = static_cast<float*>(arena.allocate(sizeof(float) * std::max<int64_t>(n, 1)));
+      check(cudaMemsetAsync(target, 0, sizeof(float) * n, stream), "clearing the decode scratch");
+    } else if (set) {
+      check(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "clearing the sum");
     }
+    for (int r = 0; r < count; ++r) {
+      try {
+        half.queue_decode_add(payloads + r * stride, prefixes + r * prefix_stride, std::min(have, sizes[r]),
+                              sizes[r], target, n, errors + r, arena, stream);
+      } catch (const PayloadError& e) {
+        throw RankPayloadError(r, e.what());
+      }
+    }
+    if (target != out) add_scaled(out, target, scale, set, n, stream);
   }
   std::vector<int> verdict(count);
   check(cudaMemcpyAsync(verdict.data(), errors, sizeof(int) * count, cudaMemcpyDeviceToHost, stream),

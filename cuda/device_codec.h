@@ -6,7 +6,8 @@
 //
 // Codecs without a device half have_device_half() false: callers use the host codec.
 // Stream synchronizations: approximate top-k (its count), stc (its position length),
-// decode (the payloads' fixed fields, then the device checks' verdict).
+// decode (the payloads' fixed fields, unless the caller read them, then the device
+// checks' verdict).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -35,10 +36,26 @@ bool has_device_half(const Codec& codec);
 DevicePayload device_encode(const Codec& codec, const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                             DeviceArena& arena, cudaStream_t stream);
 
-// Adds payloads r = 0 .. sizes.size() − 1, stored at payloads + r·stride (stride a
-// multiple of 8), into out[0..n) in that order, as the host decode_add() of each would.
-// Throws RankPayloadError for the first invalid payload (checks: decode_accumulate.h).
+// The first `bytes` bytes of `count` rows `stride` apart in device memory, copied to the
+// host in one copy (one synchronization of `stream`), `bytes` apart.
+std::vector<uint8_t> read_row_prefixes(const uint8_t* rows, size_t stride, int count, size_t bytes,
+                                       cudaStream_t stream);
+
+// The payload bytes device_decode_add() reads on the host: min(64, stride) of each row.
+size_t payload_prefix_bytes(size_t stride);
+
+// Adds scale × payloads r = 0 .. sizes.size() − 1, stored at payloads + r·stride (stride
+// a multiple of 8, each row `stride` bytes readable), into out[0..n) (set: into zeros;
+// out is then overwritten) in that
+// order, as the host decode_add(..., scale) of each would: codecs with a one-pass decode
+// (DeviceHalf::queue_decode_rows: sign, qsgd, identity, fp16, bf16) give those bits in one
+// kernel; the others add each payload in turn, into scratch first when scale ≠ 1 (then
+// out + scale × their sum: the same bits on every rank, not the host's). Throws
+// RankPayloadError for the first invalid payload (checks: decode_accumulate.h).
+// `prefixes`: the rows' first payload_prefix_bytes(stride) bytes already on the host,
+// `prefix_stride` apart (the caller read them with what else it needed); null: read here.
 void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
-                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream);
+                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale = 1.0f,
+                       bool set = false, const uint8_t* prefixes = nullptr, size_t prefix_stride = 0);
 
 }  // namespace gradzip::cuda

@@ -4,6 +4,8 @@
 // elements and ORs their codes into packed words (integer atomics: order-free). One pass
 // (qsgd_fused) for buckets that are multiples of 32 up to 1024 (the default 512); two
 // otherwise.
+#include <tuple>
+
 #include "codec/wire.h"
 #include "codec/block_lanes.cuh"
 #include "cuda_check.h"
@@ -12,6 +14,7 @@
 #include "payload_bytes.cuh"
 #include "codec/qsgd_codec.h"
 #include "decode_accumulate.h"
+#include "payload_rows.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -240,8 +243,22 @@ void qsgd_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
                  layout.bucket, out, n, error, stream);
 }
 
+bool qsgd_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int* errors,
+                             cudaStream_t stream) {
+  const auto layouts = cuda::row_layouts(rows, n, "qsgd", read_qsgd_layout);
+  const auto key = [](const QsgdLayout& l) {
+    return std::tuple(l.width, l.levels, l.bucket, l.norms.offset, l.codes.offset);
+  };
+  if (!cuda::laid_out_alike(layouts, key)) return false;
+  const QsgdLayout& first = layouts.front();
+  cuda::add_qsgd_rows(rows.data, rows.stride, static_cast<int>(layouts.size()),
+                      {first.norms.offset, first.codes.offset, first.width, first.levels, first.bucket}, scale, set,
+                      out, n, errors, stream);
+  return true;
+}
+
 }  // namespace
 
-const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add, nullptr};
+const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add, nullptr, qsgd_device_decode_rows};
 
 }  // namespace gradzip

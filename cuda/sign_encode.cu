@@ -2,6 +2,8 @@
 // order, block_lanes.cuh), the bits by warp ballots, 32 elements to a word, and the
 // residual update u − (±scale), as the CPU codec leaves it. One pass when the block is a
 // multiple of 32 up to 1024 elements (the default 512); two otherwise.
+#include <tuple>
+
 #include "codec/wire.h"
 #include "codec/block_lanes.cuh"
 #include "cuda_check.h"
@@ -10,6 +12,7 @@
 #include "payload_bytes.cuh"
 #include "codec/sign_codec.h"
 #include "decode_accumulate.h"
+#include "payload_rows.h"
 
 namespace gradzip::cuda {
 namespace {
@@ -151,8 +154,19 @@ void sign_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
                  reinterpret_cast<const uint32_t*>(payload + layout.bits.offset), layout.block, out, n, stream);
 }
 
+bool sign_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int*,
+                             cudaStream_t stream) {
+  const auto layouts = cuda::row_layouts(rows, n, "sign", read_sign_layout);
+  const auto key = [](const SignLayout& l) { return std::tuple(l.block, l.scales.offset, l.bits.offset); };
+  if (!cuda::laid_out_alike(layouts, key)) return false;
+  const SignLayout& first = layouts.front();
+  cuda::add_sign_rows(rows.data, rows.stride, static_cast<int>(layouts.size()),
+                      {first.scales.offset, first.bits.offset, first.block}, scale, set, out, n, stream);
+  return true;
+}
+
 }  // namespace
 
-const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add, nullptr};
+const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add, nullptr, sign_device_decode_rows};
 
 }  // namespace gradzip

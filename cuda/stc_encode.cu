@@ -203,7 +203,9 @@ void stc_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t
   wire::Reader r(prefix, have, size, "stc");
   const StcLayout layout = read_stc_layout(r, n);
   const auto k = static_cast<int64_t>(layout.k);
-  void* scratch = arena.allocate(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes.bytes));
+  // Payloads decode one after the other on the stream: one scratch serves them all.
+  void* scratch =
+      arena.reusable(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes.bytes, layout.positions.bitmap));
   cuda::add_stc(payload + layout.positions.bytes.offset, layout.positions.bytes.bytes, layout.positions.bitmap,
                 layout.positions.golomb_parameter,
                 payload + layout.signs.offset, k, layout.mu, out, n, error, scratch, stream);
@@ -211,6 +213,6 @@ void stc_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t
 
 }  // namespace
 
-const DeviceHalf kStcDevice = {stc_device_encode, stc_device_decode_add, nullptr};
+const DeviceHalf kStcDevice = {stc_device_encode, stc_device_decode_add, nullptr, nullptr};
 
 }  // namespace gradzip

@@ -84,6 +84,6 @@ bool topk_device_accepts(const CodecParameters& codec) { return codec.values == 
 
 }  // namespace
 
-const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add, topk_device_accepts};
+const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add, topk_device_accepts, nullptr};
 
 }  // namespace gradzip

@@ -177,6 +177,7 @@ bool uniform_device_accepts(const CodecParameters& codec) { return codec.bits ==
 
 }  // namespace
 
-const DeviceHalf kUniformDevice = {uniform_device_encode, uniform_device_decode_add, uniform_device_accepts};
+const DeviceHalf kUniformDevice = {uniform_device_encode, uniform_device_decode_add, uniform_device_accepts,
+                                   nullptr};
 
 }  // namespace gradzip

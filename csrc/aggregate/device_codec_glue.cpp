@@ -3,6 +3,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "device_codec.h"
@@ -57,7 +58,7 @@ at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::T
 }
 
 void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t stride, const std::vector<size_t>& sizes,
-                          at::Tensor& sum) {
+                          at::Tensor& sum, float scale, bool set, const uint8_t* prefixes, size_t prefix_stride) {
   TORCH_CHECK(sum.is_cuda(), "gradzip: the GPU decoder writes a CUDA tensor, got one on ", sum.device());
   check_on_device(sum, sum.device(), "the sum");
   TORCH_CHECK(gathered.device() == sum.device() && gathered.scalar_type() == at::kByte && gathered.is_contiguous(),
@@ -73,8 +74,9 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
   }
   const c10::cuda::CUDAGuard guard(sum.device());
   TorchArena arena(sum.device());
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(sum.device().index());
   cuda::device_decode_add(codec, gathered.data_ptr<uint8_t>(), static_cast<size_t>(stride), sizes,
-                          sum.data_ptr<float>(), sum.numel(), arena, c10::cuda::getCurrentCUDAStream(sum.device().index()));
+                          sum.data_ptr<float>(), sum.numel(), arena, stream, scale, set, prefixes, prefix_stride);
 }
 
 namespace {
@@ -93,24 +95,31 @@ class DeviceTensorCodec final : public TensorCodec {
     slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();
   }
 
-  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
-    const at::Tensor declared =
-        slots.narrow(0, 0, rows * stride).view({rows, stride}).narrow(1, 0, kSlotHeaderBytes).contiguous().cpu();
+  void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kByte && slots.is_contiguous() &&
+                    slots.numel() >= rows * stride && stride > kSlotHeaderBytes,
+                "gradzip: the slots must be ", rows, " contiguous uint8 rows of ", stride, " bytes on a GPU");
+    // Each slot's length and its payload's fixed fields: one copy, one synchronization.
+    const c10::cuda::CUDAGuard guard(slots.device());
+    const auto head = static_cast<size_t>(
+        kSlotHeaderBytes + std::min<int64_t>(static_cast<int64_t>(cuda::payload_prefix_bytes(stride)),
+                                             stride - kSlotHeaderBytes));
+    const std::vector<uint8_t> heads =
+        cuda::read_row_prefixes(slots.data_ptr<uint8_t>(), static_cast<size_t>(stride), rows, head,
+                                c10::cuda::getCurrentCUDAStream(slots.device().index()));
     std::vector<size_t> sizes(rows);
     for (int r = 0; r < rows; ++r) {
       uint64_t size;
-      std::memcpy(&size, declared.data_ptr<uint8_t>() + r * kSlotHeaderBytes, 8);
+      std::memcpy(&size, heads.data() + r * head, 8);
       sizes[r] = slot_payload_size(size, stride, r);
     }
     const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
-    // The kernels add unscaled values: with a scale, into zeros first.
-    at::Tensor target = scale == 1.0f ? sum : at::zeros_like(sum);
     try {
-      decode_add_on_device(codec_->id(), payloads, stride, sizes, target);
+      decode_add_on_device(codec_->id(), payloads, stride, sizes, sum, scale, /*set=*/true,
+                           heads.data() + kSlotHeaderBytes, head);
     } catch (const cuda::RankPayloadError& e) {
       throw SlotError(e.rank(), e.what());
     }
-    if (scale != 1.0f) sum.add_(target, scale);
   }
 
  private:

@@ -19,15 +19,17 @@ namespace gradzip {
 at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
                             const EncodeContext& ctx);
 
-// Adds the payloads stored in `gathered` (uint8, CUDA) at offsets r·stride, sizes[r]
-// bytes each, into `sum` (float32, contiguous, same device), in order r = 0, 1, ...
-// Throws cuda::RankPayloadError naming the first invalid one.
+// Adds scale × the payloads stored in `gathered` (uint8, CUDA) at offsets r·stride,
+// sizes[r] bytes each, into `sum` (float32, contiguous, same device; with `set` into
+// zeros, sum's values unread), in order r = 0, 1, ... (cuda::device_decode_add, which
+// describes `prefixes`). Throws cuda::RankPayloadError naming the first invalid one.
 void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t stride, const std::vector<size_t>& sizes,
-                          at::Tensor& sum);
+                          at::Tensor& sum, float scale = 1.0f, bool set = false, const uint8_t* prefixes = nullptr,
+                          size_t prefix_stride = 0);
 
 // The TensorCodec (aggregate/exchange.h) of a codec with a device half, for CUDA
-// tensors: encodes and decodes on the current stream. Decoding reads the slots' sizes
-// on the host (one small copy).
+// tensors: encodes and decodes on the current stream. Decoding reads each slot's size
+// and its payload's fixed fields on the host in one small copy.
 std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec);
 
 }  // namespace gradzip

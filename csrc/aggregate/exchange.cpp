@@ -29,7 +29,8 @@ class HostTensorCodec final : public TensorCodec {
     seal_slot(size, at, slot.numel());
   }
 
-  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+  void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    sum.zero_();
     const uint8_t* base = slots.data_ptr<uint8_t>();
     for (int r = 0; r < rows; ++r) {
       const uint8_t* slot = base + r * stride;
@@ -280,9 +281,8 @@ int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const Exc
   Rounds flights(call);
   flights.start_allgather(mine, bytes_on(call.transport_device, ranks * stride, Buffer::kAll), transport);
   const at::Tensor all = flights.finish(0);
-  sum.zero_();
   try {
-    codec.decode_add(all, stride, ranks, sum, call.scale);
+    codec.decode_sum(all, stride, ranks, sum, call.scale);
   } catch (const SlotError& e) {
     raise_for_slot(e, call.key, "the payload");
   }
@@ -315,8 +315,8 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
     const at::Tensor pieces = flights.finish(s);
     if (!undecodable && failure.empty()) {
       try {
-        at::Tensor part_sum = owned_sum.narrow(0, part.begin, part.length).zero_();
-        codec.decode_add(pieces, stride, ranks, part_sum);
+        at::Tensor part_sum = owned_sum.narrow(0, part.begin, part.length);
+        codec.decode_sum(pieces, stride, ranks, part_sum);
         if (call.majority) part_sum.sign_();
         const at::Tensor residual =
             call.owner_residual.defined() ? call.owner_residual.narrow(0, part.begin, part.length) : at::Tensor();
@@ -338,9 +338,8 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
     TORCH_CHECK(failure.empty(), "gradzip: re-encoding the reduced chunk failed: ", failure);
     for (int j = 0; j < ranks; ++j) {
       const Chunk c = round_piece(n, ranks, j, rounds, s);
-      at::Tensor target = sum.narrow(0, c.begin, c.length).zero_();
       try {
-        codec.decode_add(round.narrow(0, j * stride, stride), stride, 1, target, call.scale);
+        codec.decode_sum(round.narrow(0, j * stride, stride), stride, 1, sum.narrow(0, c.begin, c.length), call.scale);
       } catch (const SlotError& e) {
         raise_for_slot(SlotError(j, e.what()), call.key, "the reduced chunk");
       }
@@ -359,10 +358,9 @@ int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, c
   scatter_rounds(codec, call, rounds, stride, transport, flights);
   for (int s = 0; s < rounds; ++s) {
     const Chunk part = exchange_chunk(shard.numel(), rounds, s);
-    at::Tensor target = shard.narrow(0, part.begin, part.length).zero_();
     const at::Tensor pieces = flights.finish(s);
     try {
-      codec.decode_add(pieces, stride, ranks, target, call.scale);
+      codec.decode_sum(pieces, stride, ranks, shard.narrow(0, part.begin, part.length), call.scale);
     } catch (const SlotError& e) {
       raise_for_slot(e, call.key, "the piece");
     }

@@ -129,11 +129,12 @@ class TensorCodec {
   // with a defined `residual` (float32, x.numel(), same device) with error feedback.
   virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
                       at::Tensor slot) const = 0;
-  // Adds scale × the payloads of `rows` slots, slot r at byte r·stride of `slots`, into
-  // `sum` (contiguous float32), in order r = 0, 1, ... (where the scale is applied may
-  // differ between devices: the same bits on every rank of one device). Throws SlotError
-  // naming the first slot that cannot be decoded (a failed slot included).
-  virtual void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
+  // Sets `sum` (contiguous float32) to scale × the payloads of `rows` slots, slot r at
+  // byte r·stride of `slots`, added to zeros in order r = 0, 1, ... as the codec's
+  // decode_add(..., scale) adds them (a GPU codec without a one-pass decode may apply the
+  // scale to the sum instead: the same bits on every rank of one device). Throws
+  // SlotError naming the first slot that cannot be decoded (a failed slot included).
+  virtual void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
                           float scale = 1.0f) const = 0;
 };
 

@@ -66,10 +66,10 @@ size_t encode_into_unless_non_finite(const Codec& codec, const float* x, int64_t
   return w.size();
 }
 
-void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n) {
+void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) {
   const PayloadHeader header = read_payload_header(data, size);
   if (!header.non_finite) {
-    codec_for_payload(data, size)->decode_add(data, size, out, n);
+    codec_for_payload(data, size)->decode_add(data, size, out, n, scale);
     return;
   }
   if (header.numel != static_cast<uint64_t>(n)) {

@@ -88,16 +88,16 @@ void bind_codec(py::module_& m) {
       py::arg("x"), "True when x holds no Inf or NaN: the check every compressed all-reduce makes first.");
   m.def(
       "decode_add",
-      [](const py::bytes& data, at::Tensor& out) {
+      [](const py::bytes& data, at::Tensor& out, float scale) {
         TORCH_CHECK(out.device().is_cpu() && out.scalar_type() == at::kFloat && out.is_contiguous(),
                     "gradzip: decode_add writes into a contiguous float32 CPU tensor");
         const std::string_view bytes = data;
         const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
         py::gil_scoped_release no_gil;
-        decode_payload_add(p, bytes.size(), out.data_ptr<float>(), out.numel());
+        decode_payload_add(p, bytes.size(), out.data_ptr<float>(), out.numel(), scale);
       },
-      py::arg("data"), py::arg("out"),
-      "Adds the payload's values to `out` (its element count must match); a non-finite payload gives NaN.");
+      py::arg("data"), py::arg("out"), py::arg("scale") = 1.0f,
+      "Adds scale × the payload's values to `out` (its element count must match); a non-finite payload gives NaN.");
   m.def(
       "decode_add",
       [](const at::Tensor& data, at::Tensor& out) {
@@ -180,27 +180,53 @@ void bind_codec(py::module_& m) {
       },
       py::arg("x"), py::arg("spec"), py::arg("residual"), py::arg("seed"), py::arg("step"), py::arg("rank"),
       "Encodes a float32 CUDA tensor on its GPU; returns the payload as a uint8 CUDA tensor.");
+  // The payloads as rows of one uint8 CUDA tensor, each a multiple of 8 bytes long.
+  const auto payload_rows = [](const std::vector<at::Tensor>& payloads, const at::Device& device) {
+    int64_t stride = 8;
+    for (const auto& p : payloads) stride = std::max<int64_t>(stride, (p.numel() + 7) / 8 * 8);
+    auto rows = at::zeros({static_cast<int64_t>(payloads.size()), stride}, at::dtype(at::kByte).device(device));
+    for (size_t r = 0; r < payloads.size(); ++r) {
+      rows[static_cast<int64_t>(r)].narrow(0, 0, payloads[r].numel()).copy_(payloads[r]);
+    }
+    return rows;
+  };
+  const auto decode_rows = [](const at::Tensor& rows, const std::vector<size_t>& sizes, at::Tensor& out,
+                              const BoundSpec& spec, float scale, bool set) {
+    TORCH_CHECK(spec.codec() && cuda::has_device_half(*spec.codec()), "gradzip: '", spec.str(),
+                "' has no GPU kernels");
+    TORCH_CHECK(rows.dim() == 2 && rows.size(0) == static_cast<int64_t>(sizes.size()),
+                "gradzip: the rows must be a 2-D uint8 tensor of one row per size, got ", rows.sizes());
+    try {
+      decode_add_on_device(spec.codec()->id(), rows.reshape({-1}), rows.size(1), sizes, out, scale, set);
+    } catch (const cuda::RankPayloadError& e) {
+      throw PayloadError(std::string(e.what()) + " (payload " + std::to_string(e.rank()) + ")");
+    }
+  };
+  m.def(
+      "cuda_payload_rows",
+      [payload_rows](const std::vector<at::Tensor>& payloads, const at::Device& device) {
+        return payload_rows(payloads, device);
+      },
+      py::arg("payloads"), py::arg("device"),
+      "The payloads (uint8 tensors) as the zero-padded rows of one uint8 tensor on `device`, for cuda_decode_rows.");
+  m.def(
+      "cuda_decode_rows",
+      [decode_rows](const at::Tensor& rows, const std::vector<size_t>& sizes, at::Tensor& out, const BoundSpec& spec,
+                    float scale, bool set) { decode_rows(rows, sizes, out, spec, scale, set); },
+      py::arg("rows"), py::arg("sizes"), py::arg("out"), py::arg("spec"), py::arg("scale") = 1.0f,
+      py::arg("set") = false,
+      "Adds scale × the payloads in `rows` (sizes[r] bytes of row r) into `out` (set: into zeros) on its GPU, in "
+      "row order, as the exchange decodes them.");
   m.def(
       "cuda_decode_add",
-      [](const std::vector<at::Tensor>& payloads, at::Tensor& out, const BoundSpec& spec) {
-        TORCH_CHECK(spec.codec() && cuda::has_device_half(*spec.codec()), "gradzip: '", spec.str(),
-                    "' has no GPU kernels");
-        int64_t stride = 8;
-        for (const auto& p : payloads) stride = std::max<int64_t>(stride, (p.numel() + 7) / 8 * 8);
-        auto rows = at::zeros({static_cast<int64_t>(payloads.size()) * stride}, at::dtype(at::kByte).device(out.device()));
+      [payload_rows, decode_rows](const std::vector<at::Tensor>& payloads, at::Tensor& out, const BoundSpec& spec,
+                                  float scale) {
         std::vector<size_t> sizes;
-        for (size_t r = 0; r < payloads.size(); ++r) {
-          rows.narrow(0, static_cast<int64_t>(r) * stride, payloads[r].numel()).copy_(payloads[r]);
-          sizes.push_back(static_cast<size_t>(payloads[r].numel()));
-        }
-        try {
-          decode_add_on_device(spec.codec()->id(), rows, stride, sizes, out);
-        } catch (const cuda::RankPayloadError& e) {
-          throw PayloadError(std::string(e.what()) + " (payload " + std::to_string(e.rank()) + ")");
-        }
+        for (const auto& p : payloads) sizes.push_back(static_cast<size_t>(p.numel()));
+        decode_rows(payload_rows(payloads, out.device()), sizes, out, spec, scale, false);
       },
-      py::arg("payloads"), py::arg("out"), py::arg("spec"),
-      "Adds the payloads (uint8 CUDA tensors) into `out` on its GPU, in list order.");
+      py::arg("payloads"), py::arg("out"), py::arg("spec"), py::arg("scale") = 1.0f,
+      "Adds scale × the payloads (uint8 CUDA tensors) into `out` on its GPU, in list order.");
 #endif
 }
 

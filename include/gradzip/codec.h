@@ -116,10 +116,11 @@ bool encode_unless_non_finite(const Codec& codec, const float* x, int64_t n, flo
 // returns the payload's size and sets `finite` to what encode_unless_non_finite() returns.
 size_t encode_into_unless_non_finite(const Codec& codec, const float* x, int64_t n, float* residual,
                                      const EncodeContext& ctx, uint8_t* out, size_t capacity, bool& finite);
-// Adds any payload's values to out[0..n): its codec from the header; a non-finite
-// payload makes every element NaN. Throws PayloadError. (Codec::decode_add() refuses
-// non-finite payloads: aggregations agree on finiteness before they encode.)
-void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n);
+// Adds scale × any payload's values to out[0..n) (Codec::decode_add): its codec from the
+// header; a non-finite payload makes every element NaN. Throws PayloadError.
+// (Codec::decode_add() refuses non-finite payloads: aggregations agree on finiteness
+// before they encode.)
+void decode_payload_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale = 1.0f);
 
 // The codec a spec names, e.g. "topk:density=0.01": its name, its own keys only (an
 // aggregation's keys are split off by gradzip/bound_spec.h), values checked. Throws

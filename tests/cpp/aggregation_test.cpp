@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <vector>
+
 #include "codec/codec_record.h"
 
 namespace gradzip {
@@ -110,9 +112,35 @@ TEST(CodecRecordTest, EveryRecordIsComplete) {
     if (record->device) {
       EXPECT_NE(record->device->encode, nullptr) << record->name;
       EXPECT_NE(record->device->queue_decode_add, nullptr) << record->name;
+      // The codecs with one term per element decode all ranks' payloads in one pass.
+      const bool element_wise = record->name == "sign" || record->name == "qsgd" || record->name == "identity" ||
+                                record->name == "fp16" || record->name == "bf16";
+      EXPECT_EQ(record->device->queue_decode_rows != nullptr, element_wise) << record->name;
     }
 #endif
   }
+}
+
+// DeviceArena::reusable on plain host memory: one block for uses that follow each other,
+// a larger one (with room to spare) only when asked for more than it holds.
+TEST(CodecRecordTest, ReusableScratchGrowsOnlyWhenAskedForMore) {
+  class HostArena final : public DeviceArena {
+   public:
+    void* allocate(size_t bytes) override {
+      sizes.push_back(bytes);
+      held.emplace_back(bytes);
+      return held.back().data();
+    }
+    std::vector<size_t> sizes;
+    std::vector<std::vector<uint8_t>> held;
+  } arena;
+  void* first = arena.reusable(1000);
+  EXPECT_EQ(arena.reusable(1000), first);
+  EXPECT_EQ(arena.reusable(1250), first);  // within the 25% kept to spare
+  void* larger = arena.reusable(1251);
+  EXPECT_NE(larger, first);
+  EXPECT_EQ(arena.reusable(10), larger);
+  EXPECT_EQ(arena.sizes, (std::vector<size_t>{1250, 1563}));
 }
 
 TEST(CodecRecordTest, EveryAggregationKeyIsDocumented) {

@@ -5,12 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codec/codec_base.h"
+#include "codec/codec_record.h"
 #include "cuda_check.h"
 #include "device_codec.h"
 
@@ -55,6 +58,27 @@ std::vector<float> random_input(int64_t n, uint32_t seed, bool ties = false) {
   return x;
 }
 
+// Inputs that reach the corners of the kernels: every element a signed zero; a ReLU
+// output (half exact zeros, ties at 0); denormals among normal values; ±Inf and NaN
+// (for the codecs that send values raw or cast, whose bytes are defined for them).
+enum class Corner { kZeros, kRelu, kDenormals, kNonFinite };
+
+std::vector<float> corner_input(int64_t n, Corner corner, uint32_t seed) {
+  std::vector<float> x = random_input(n, seed);
+  for (int64_t i = 0; i < n; ++i) {
+    switch (corner) {
+      case Corner::kZeros: x[i] = i % 3 == 0 ? -0.0f : 0.0f; break;
+      case Corner::kRelu: x[i] = std::max(x[i], 0.0f); break;
+      case Corner::kDenormals: if (i % 2 == 0) x[i] *= 1e-39f; break;
+      case Corner::kNonFinite:
+        if (i % 7 == 1) x[i] = i % 2 ? INFINITY : -INFINITY;
+        if (i % 11 == 3) x[i] = NAN;
+        break;
+    }
+  }
+  return x;
+}
+
 float* upload(CudaArena& arena, const std::vector<float>& v) {
   auto* d = static_cast<float*>(arena.allocate(4 * v.size()));
   check(cudaMemcpy(d, v.data(), 4 * v.size(), cudaMemcpyHostToDevice), "upload");
@@ -72,77 +96,196 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), 4 * a.size()) == 0;
 }
 
+// Bitwise equal, except that a NaN matches any NaN (x86 propagates an operand's NaN, CUDA
+// returns its canonical one: docs/cuda.md, "Same bytes as the CPU").
+bool same_bits_or_both_nan(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
+    if (std::memcmp(&a[i], &b[i], 4) != 0) return false;
+  }
+  return true;
+}
+
+// Encodes x on the CPU and the GPU and compares the payloads' bytes and the residuals.
+void expect_encoders_agree(const char* text, const std::vector<float>& x, bool feedback, const std::string& what) {
+  const Spec spec = parse_spec(text);
+  const auto cpu = make_codec(spec);
+  const auto n = static_cast<int64_t>(x.size());
+  CudaArena arena;
+  std::vector<float> residual = feedback ? random_input(n, 99) : std::vector<float>();
+  const EncodeContext ctx{42, 3, 1};
+  float* d_x = upload(arena, x);
+  float* d_residual = feedback ? upload(arena, residual) : nullptr;
+  std::vector<uint8_t> expected;
+  cpu->encode(x.data(), n, feedback ? residual.data() : nullptr, ctx, expected);
+  const DevicePayload got = device_encode(*cpu, d_x, n, d_residual, ctx, arena, nullptr);
+  check(cudaDeviceSynchronize(), "encode");
+  ASSERT_EQ(download(got.data, got.size), expected) << text << " n=" << n << " " << what << " ef=" << feedback;
+  if (feedback) {
+    ASSERT_TRUE(same_bits_or_both_nan(download(d_residual, n), residual)) << text << " n=" << n << " " << what;
+  }
+}
+
+// Densities 1/n (k = 1 below 10^9 elements), 0.1%, 1%, 30%, 50% and 100%; sign blocks
+// of 0 (plain signs), 100 (two passes), 512 and 1024 (fused); QSGD widths 3, 4, 8 and 16
+// bits, buckets 100, 512 and 1024 (16-bit codes at 1024: the fused kernel's largest
+// shared-memory stage).
 const char* const kSpecs[] = {
     "topk:density=0.01", "topk:density=0.001", "topk:density=0.3", "topk:density=0.01,approx=1",
+    "topk:density=1", "topk:density=0.000000001",
     "stc:density=0.01",  "stc:density=0.001",  "stc:density=0.5",  "stc:density=0.01,approx=1",
-    "sign",              "sign:block=100",     "sign:vote=majority", "qsgd",
-    "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "identity", "fp16", "bf16",
+    "stc:density=1", "stc:density=0.000000001",
+    "sign",              "sign:block=100",     "sign:vote=majority", "sign:block=0", "sign:block=1024",
+    "qsgd", "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "qsgd:bits=16,bucket=1024",
+    "qsgd:bucket=1024", "identity", "fp16", "bf16",
     "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest"};
-const int64_t kSizes[] = {0, 1, 7, 1000, 4099, 100003, int64_t{1} << 20};
+
+// Sizes on both sides of warp (32), block (256, 1024) and word boundaries, and a grid of
+// thousands of blocks. GRADZIP_CUDA_TEST_QUICK (compute-sanitizer's runs) stops at 100003.
+std::vector<int64_t> test_sizes() {
+  std::vector<int64_t> sizes = {0, 1, 7, 31, 32, 33, 1000, 1023, 1025, 4099, 100003};
+  if (!std::getenv("GRADZIP_CUDA_TEST_QUICK")) sizes.push_back((int64_t{1} << 20) + 7);
+  return sizes;
+}
+
+bool decodes_in_one_pass(const Codec& codec) { return codec_record(codec.id()).device->queue_decode_rows != nullptr; }
 
 TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {
-  cudaStream_t stream = nullptr;
   for (const char* text : kSpecs) {
-    const Spec spec = parse_spec(text);
-    const auto cpu = make_codec(spec);
-    for (int64_t n : kSizes) {
+    for (int64_t n : test_sizes()) {
       for (bool ties : {false, true}) {
         for (bool feedback : {false, true}) {
-          CudaArena arena;
-          const auto x = random_input(n, static_cast<uint32_t>(n) + 3, ties);
-          std::vector<float> residual = feedback ? random_input(n, 99) : std::vector<float>();
-          const EncodeContext ctx{42, 3, 1};
-          float* d_x = upload(arena, x);
-          float* d_residual = feedback ? upload(arena, residual) : nullptr;
-          std::vector<uint8_t> expected;
-          cpu->encode(x.data(), n, feedback ? residual.data() : nullptr, ctx, expected);
-          const DevicePayload got = device_encode(*cpu, d_x, n, d_residual, ctx, arena, stream);
-          check(cudaDeviceSynchronize(), "encode");
-          const auto bytes = download(got.data, got.size);
-          ASSERT_EQ(bytes, expected) << text << " n=" << n << " ties=" << ties << " ef=" << feedback;
-          if (feedback) {
-            ASSERT_TRUE(same_bits(download(d_residual, n), residual)) << text << " n=" << n << " ties=" << ties;
-          }
+          ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, random_input(n, static_cast<uint32_t>(n) + 3, ties),
+                                                        feedback, ties ? "ties" : "random"));
         }
       }
     }
   }
 }
 
-TEST_F(CudaKernelsTest, DecodeAccumulateIsTheCpuSumInRankOrder) {
+TEST_F(CudaKernelsTest, EncodersAgreeOnZerosReluDenormalsAndNonFiniteValues) {
+  const std::vector<std::string> raw = {"topk:density=0.01", "topk:density=0.3", "identity", "fp16", "bf16"};
   for (const char* text : kSpecs) {
-    const Spec spec = parse_spec(text);
-    const auto cpu = make_codec(spec);
-    for (int64_t n : {int64_t{0}, int64_t{5}, int64_t{4099}, int64_t{1} << 20}) {
-      CudaArena arena;
-      std::vector<std::vector<uint8_t>> payloads(4);
-      size_t stride = 8;
-      for (uint32_t r = 0; r < 4; ++r) {
-        const auto x = random_input(n, 7 * r + 1);
-        cpu->encode(x.data(), n, nullptr, {5, 0, r}, payloads[r]);
-        stride = std::max(stride, (payloads[r].size() + 7) / 8 * 8);
+    const bool sends_raw = std::find(raw.begin(), raw.end(), text) != raw.end();
+    for (int64_t n : {int64_t{33}, int64_t{4099}, int64_t{100003}}) {
+      for (Corner corner : {Corner::kZeros, Corner::kRelu, Corner::kDenormals, Corner::kNonFinite}) {
+        if (corner == Corner::kNonFinite && !sends_raw) continue;
+        for (bool feedback : {false, true}) {
+          ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, corner_input(n, corner, 17), feedback,
+                                                        "corner " + std::to_string(static_cast<int>(corner))));
+        }
       }
-      std::vector<uint8_t> rows(4 * stride, 0);
-      std::vector<size_t> sizes;
-      for (int r = 0; r < 4; ++r) {
-        std::memcpy(rows.data() + r * stride, payloads[r].data(), payloads[r].size());
-        sizes.push_back(payloads[r].size());
-      }
-      auto* d_rows = static_cast<uint8_t*>(arena.allocate(rows.size()));
-      check(cudaMemcpy(d_rows, rows.data(), rows.size(), cudaMemcpyHostToDevice), "upload");
-      std::vector<float> expected(n, 0.0f);
-      for (const auto& p : payloads) cpu->decode_add(p.data(), p.size(), expected.data(), n);
-      float* d_sum = upload(arena, std::vector<float>(n, 0.0f));
-      device_decode_add(make_codec(spec)->id(), d_rows, stride, sizes, d_sum, n, arena, nullptr);
-      ASSERT_TRUE(same_bits(download(d_sum, n), expected)) << text << " n=" << n;
     }
   }
+}
+
+// Payload rows in device memory, `stride` bytes apart.
+struct Rows {
+  uint8_t* data;
+  size_t stride;
+  std::vector<size_t> sizes;
+};
+
+Rows upload_rows(CudaArena& arena, const std::vector<std::vector<uint8_t>>& payloads) {
+  Rows rows{nullptr, 8, {}};
+  for (const auto& p : payloads) rows.stride = std::max(rows.stride, (p.size() + 7) / 8 * 8);
+  std::vector<uint8_t> bytes(payloads.size() * rows.stride, 0);
+  for (size_t r = 0; r < payloads.size(); ++r) {
+    std::memcpy(bytes.data() + r * rows.stride, payloads[r].data(), payloads[r].size());
+    rows.sizes.push_back(payloads[r].size());
+  }
+  rows.data = static_cast<uint8_t*>(arena.allocate(bytes.size()));
+  check(cudaMemcpy(rows.data, bytes.data(), bytes.size(), cudaMemcpyHostToDevice), "upload");
+  return rows;
+}
+
+// What device_decode_add must leave in out: the host's decode_add(..., scale) of each
+// payload in order (one-pass codecs, or scale 1), else start + scale × the unscaled sum.
+std::vector<float> expected_sum(const std::vector<std::vector<uint8_t>>& payloads, const std::vector<float>& start,
+                                float scale, bool one_pass) {
+  const auto n = static_cast<int64_t>(start.size());
+  std::vector<float> out = start;
+  if (one_pass || scale == 1.0f) {
+    for (const auto& p : payloads) decode_payload_add(p.data(), p.size(), out.data(), n, scale);
+    return out;
+  }
+  std::vector<float> terms(n, 0.0f);
+  for (const auto& p : payloads) decode_payload_add(p.data(), p.size(), terms.data(), n);
+  for (int64_t i = 0; i < n; ++i) out[i] = out[i] + scale * terms[i];
+  return out;
+}
+
+TEST_F(CudaKernelsTest, DecodeAccumulateIsTheCpuSumInRankOrder) {
+  std::vector<int64_t> sizes = {0, 1, 33, 1025, 4099};
+  if (!std::getenv("GRADZIP_CUDA_TEST_QUICK")) sizes.push_back((int64_t{1} << 20) + 7);
+  for (const char* text : kSpecs) {
+    const auto cpu = make_codec(parse_spec(text));
+    for (int64_t n : sizes) {
+      std::vector<std::vector<uint8_t>> payloads(8);
+      for (uint32_t r = 0; r < 8; ++r) {
+        cpu->encode(random_input(n, 7 * r + 1).data(), n, nullptr, {5, 0, r}, payloads[r]);
+      }
+      for (float scale : {1.0f, 0.125f}) {
+        for (bool set : {false, true}) {
+          CudaArena arena;
+          const Rows rows = upload_rows(arena, payloads);
+          const std::vector<float> start = set ? std::vector<float>(n, 0.0f) : random_input(n, 1234);
+          float* d_sum = upload(arena, set ? std::vector<float>(n, 7.5f) : start);  // set: nothing of it read
+          device_decode_add(cpu->id(), rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, scale, set);
+          ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, scale, decodes_in_one_pass(*cpu))))
+              << text << " n=" << n << " scale=" << scale << " set=" << set;
+        }
+      }
+    }
+  }
+}
+
+// Rows that a one-pass decoder cannot take together (other blocks, other levels of the
+// same width) are decoded one by one, with the same bits.
+TEST_F(CudaKernelsTest, RowsLaidOutDifferentlyDecodeOneByOne) {
+  const int64_t n = 4099;
+  for (const auto& [a, b] : {std::pair{"sign:block=100", "sign"}, std::pair{"qsgd:levels=5", "qsgd:levels=6"},
+                             std::pair{"qsgd:bucket=512", "qsgd:bucket=1024"}}) {
+    std::vector<std::vector<uint8_t>> payloads(4);
+    for (uint32_t r = 0; r < 4; ++r) {
+      make_codec(parse_spec(r % 2 ? b : a))->encode(random_input(n, r + 40).data(), n, nullptr, {5, 0, r}, payloads[r]);
+    }
+    for (float scale : {1.0f, 0.25f}) {
+      CudaArena arena;
+      const Rows rows = upload_rows(arena, payloads);
+      const std::vector<float> start(n, 0.0f);
+      float* d_sum = upload(arena, start);
+      device_decode_add(make_codec(parse_spec(a))->id(), rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr,
+                        scale, true);
+      ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, scale, false))) << a << " " << b;
+    }
+  }
+}
+
+// Bit offsets past 2^31 (16-bit QSGD codes of 2^27 + 33 elements: 2^31 + 528 bits):
+// encode and decode against the CPU. Needs about 2 GB of device memory.
+TEST_F(CudaKernelsTest, BitOffsetsBeyond2To31) {
+  if (std::getenv("GRADZIP_CUDA_TEST_QUICK")) GTEST_SKIP() << "GRADZIP_CUDA_TEST_QUICK: the 2^31-bit case is left out";
+  const int64_t n = (int64_t{1} << 27) + 33;
+  const char* text = "qsgd:bits=16,bucket=1024";
+  std::vector<float> x = random_input(n, 5);
+  ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, x, false, "2^31 bits"));
+  std::vector<std::vector<uint8_t>> payloads(1);
+  make_codec(parse_spec(text))->encode(x.data(), n, nullptr, {5, 0, 0}, payloads[0]);
+  x.clear();
+  CudaArena arena;
+  const Rows rows = upload_rows(arena, payloads);
+  const std::vector<float> start(n, 0.0f);
+  float* d_sum = upload(arena, start);
+  device_decode_add(CodecId::kQsgd, rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, 1.0f, true);
+  ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, 1.0f, true)));
 }
 
 TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
   const int64_t n = 1000;
   const auto x = random_input(n, 5);
-  for (const char* text : {"topk:density=0.05", "stc:density=0.05", "qsgd:levels=5"}) {
+  for (const char* text : {"topk:density=0.05", "stc:density=0.05", "qsgd:levels=5", "sign"}) {
     const Spec spec = parse_spec(text);
     std::vector<uint8_t> good, bad;
     make_codec(spec)->encode(x.data(), n, nullptr, {}, good);
@@ -154,6 +297,7 @@ TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
       std::fill(bad.begin() + 38, bad.begin() + 38 + static_cast<int64_t>(position_bytes), uint8_t{0xff});
     }
     if (spec.name == "qsgd") bad[24 + 4 * 2] = 0x77;      // two 4-bit codes of level 7 > s = 5
+    if (spec.name == "sign") bad[8] ^= 1;                   // the element count: no longer the tensor's
     bool threw = false;
     CudaArena arena;
     const size_t stride = (good.size() + 7) / 8 * 8;

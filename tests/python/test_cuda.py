@@ -14,11 +14,17 @@ pytestmark = [
     pytest.mark.skipif(not hasattr(_C, "cuda_encode"), reason="this build of gradzip has no CUDA kernels"),
 ]
 
-SPECS = ["topk:density=0.01", "topk:density=0.001", "topk:density=0.01,approx=1", "stc:density=0.01",
-         "stc:density=0.5", "sign", "sign:block=100", "sign:vote=majority", "qsgd", "qsgd:bits=8",
-         "qsgd:levels=5,bucket=100", "qsgd:norm=max", "identity", "fp16", "bf16", "uniform", "uniform:threshold=0",
+SPECS = ["topk:density=0.01", "topk:density=0.001", "topk:density=0.01,approx=1", "topk:density=1",
+         "topk:density=0.000000001", "stc:density=0.01", "stc:density=0.5", "stc:density=1",
+         "stc:density=0.000000001", "sign", "sign:block=100", "sign:block=0", "sign:block=1024",
+         "sign:vote=majority", "qsgd", "qsgd:bits=8", "qsgd:levels=5,bucket=100", "qsgd:norm=max",
+         "qsgd:bits=16,bucket=1024", "identity", "fp16", "bf16", "uniform", "uniform:threshold=0",
          "uniform:threshold=0,rounding=nearest"]
-SIZES = [0, 1, 7, 4099, 1 << 20]
+# Both sides of warp, block and word boundaries, and a grid of thousands of blocks.
+SIZES = [0, 1, 7, 31, 32, 33, 1023, 1025, 4099, (1 << 20) + 7]
+# Their payloads hold one term per element: all ranks' payloads decode in one pass, each
+# term scaled as the CPU scales it (cuda/device_codec.h).
+ONE_PASS = ("sign", "qsgd", "identity", "fp16", "bf16")
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -43,16 +49,39 @@ def test_gpu_encoders_write_the_cpu_bytes_and_residuals(spec, n, ties):
 
 
 @pytest.mark.parametrize("spec", SPECS)
-def test_gpu_decode_accumulate_is_the_cpu_sum_in_rank_order(spec):
+@pytest.mark.parametrize("scale", [1.0, 0.125])
+def test_gpu_decode_accumulate_is_the_cpu_sum_in_rank_order(spec, scale):
     n = 100003
     payloads = [_C.encode(torch.randn(n, generator=torch.Generator().manual_seed(r)), spec, None, 5, 0, r)[0]
-                for r in range(4)]
+                for r in range(8)]
+    start = torch.randn(n, generator=torch.Generator().manual_seed(99))
+    expected = start.clone()
+    if spec.split(":")[0] in ONE_PASS or scale == 1.0:
+        for p in payloads:
+            _C.decode_add(p, expected, scale)
+    else:  # decoded one by one, unscaled, then start + scale × their sum
+        terms = torch.zeros(n)
+        for p in payloads:
+            _C.decode_add(p, terms)
+        expected = start + scale * terms
+    out = start.cuda()
+    rows = [torch.frombuffer(bytearray(p), dtype=torch.uint8).cuda() for p in payloads]
+    _C.cuda_decode_add(rows, out, spec, scale)
+    assert same_bits(out, expected)
+
+
+@pytest.mark.parametrize("spec", ["sign", "qsgd", "fp16", "stc:density=0.01"])
+def test_decode_rows_set_the_sum_without_reading_it(spec):
+    n = 4099
+    payloads = [_C.encode(torch.randn(n, generator=torch.Generator().manual_seed(r)), spec, None, 5, 0, r)[0]
+                for r in range(3)]
     expected = torch.zeros(n)
     for p in payloads:
         _C.decode_add(p, expected)
-    out = torch.zeros(n, device="cuda")
-    rows = [torch.frombuffer(bytearray(p), dtype=torch.uint8).cuda() for p in payloads]
-    _C.cuda_decode_add(rows, out, spec)
+    rows = _C.cuda_payload_rows([torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads],
+                                torch.device("cuda"))
+    out = torch.full((n,), float("nan"), device="cuda")
+    _C.cuda_decode_rows(rows, [len(p) for p in payloads], out, spec, 1.0, True)
     assert same_bits(out, expected)
 
 
@@ -66,7 +95,7 @@ def test_a_corrupt_payload_is_refused():
         _C.cuda_decode_add(rows, torch.zeros(n, device="cuda"), "topk:density=0.05")
 
 
-def allreduce_on(rank, world, spec, device, steps):
+def allreduce_on(rank, world, spec, device, steps, op=dist.ReduceOp.SUM):
     if device == "cuda":
         torch.cuda.set_device(rank)
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
@@ -74,7 +103,7 @@ def allreduce_on(rank, world, spec, device, steps):
     for step in range(steps):
         g = torch.Generator().manual_seed(1000 * step + rank)
         t = torch.randn(50021, generator=g).to(device)
-        dist.all_reduce(t)
+        dist.all_reduce(t, op=op)
         results.append(t.cpu())
     return torch.stack(results)
 
@@ -93,6 +122,60 @@ def test_cuda_allreduce_through_gradzip_matches_the_cpu_path(spec, world):
     for rank in range(world):
         assert same_bits(on_gpu[rank], on_cpu[rank]), (spec, rank)
         assert same_bits(on_gpu[rank], on_gpu[0])
+
+
+@pytest.mark.parametrize("spec", ["sign", "qsgd", "fp16", "topk:density=0.01"])
+@pytest.mark.parametrize("world", ranks_for_nccl())
+def test_cuda_average_through_gradzip(spec, world):
+    # AVG scales each term as it is decoded; the one-pass codecs do it as the CPU does.
+    on_gpu = run_ranks(allreduce_on, world, spec, "cuda", 2, dist.ReduceOp.AVG)
+    on_cpu = run_ranks(allreduce_on, world, spec, "cpu", 2, dist.ReduceOp.AVG)
+    for rank in range(world):
+        assert same_bits(on_gpu[rank], on_gpu[0])
+        if spec.split(":")[0] in ONE_PASS:
+            assert same_bits(on_gpu[rank], on_cpu[rank]), (spec, rank)
+        else:
+            torch.testing.assert_close(on_gpu[rank], on_cpu[rank], rtol=1e-6, atol=1e-6)
+
+
+def ddp_hook_on_a_shared_gpu(rank, world, spec, per_parameter):
+    """DDP on cuda:0 in every rank, the collectives over Gloo (ranks may share one GPU),
+    the hook's codecs on the GPU. Returns the parameters after 3 steps, the bucket
+    averages of the last step against their float64 reference, and the GPU memory the
+    compressed state took."""
+    dist.init_process_group("gloo")
+    torch.cuda.set_device(0)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10)).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0])
+    state = gradzip.hooks.State(spec, model=ddp if per_parameter else None)
+    ddp.register_comm_hook(state, gradzip.hooks.hook)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    held = None
+    for step in range(3):
+        g = torch.Generator().manual_seed(10 * step + rank)
+        x, y = torch.randn(64, 512, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
+        optimizer.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        torch.cuda.synchronize()
+        if step == 0:
+            held = torch.cuda.memory_allocated()
+        optimizer.step()
+    grown = torch.cuda.memory_allocated() - held
+    params = torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+    return params, grown, sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("spec", ["stc:density=0.01", "sign", "qsgd:ef=1", "fp16:ef=1"])
+@pytest.mark.parametrize("per_parameter", [False, True])
+def test_the_ddp_hook_on_the_gpu(spec, per_parameter):
+    # Two ranks on one GPU (Gloo moves the payloads; encode and decode run on the GPU).
+    results = run_ranks(ddp_hook_on_a_shared_gpu, 2, spec, per_parameter)
+    (params0, grown, numel), (params1, _, _) = results
+    assert torch.isfinite(params0).all()
+    assert same_bits(params0, params1), "the replicas diverged"
+    # Error feedback keeps a float32 residual per element, on the GPU (not on the host).
+    assert grown >= 4 * numel, (grown, numel)
 
 
 def state_round_trip(rank, world):

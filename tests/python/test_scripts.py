@@ -53,6 +53,21 @@ def test_collectives_benchmark_quick(tmp_path):
                for name, row in methods.items())
 
 
+def test_cuda_allreduce_benchmark_runs_its_rows_on_cpu(tmp_path):
+    # benchmarks/gpu.sh runs it on GPUs (NCCL); --device cpu checks the script here.
+    out = torchrun("benchmarks/cuda_allreduce.py", "--device", "cpu", "--quick", "--json", str(tmp_path / "a.json"))
+    result = json.loads((tmp_path / "a.json").read_text())
+    assert result["baseline"] == "gloo" and result["world"] == 2 and result["numel"] == 100_000, out
+    methods = {row["method"]: row for row in result["rows"]}
+    assert set(methods) == {"gloo", "gloo fp16 copy"} | {f"gradzip {s}" for s in
+                                                         ("fp16", "topk:density=0.01", "stc:density=0.01", "sign",
+                                                          "qsgd:bits=4", "qsgd:bits=8")}
+    assert methods["gloo"]["bytes_sent"] == 400_000  # 2 ranks: the ring sends 2(P-1)/P x 4n
+    assert 150_000 < methods["gradzip fp16"]["bytes_sent"] < 250_000
+    assert methods["gradzip stc:density=0.01"]["bytes_sent"] < 8_000
+    assert all(row["seconds"] > 0 and row["floor_seconds"] > 0 for row in methods.values())
+
+
 def test_train_benchmark_quick(tmp_path):
     out = torchrun("benchmarks/train.py", "--quick", "--out", str(tmp_path / "train"))
     result = json.loads((tmp_path / "train.json").read_text())
