@@ -119,8 +119,10 @@ __device__ __forceinline__ float max_norm_of(const float* v, int64_t length, int
   return __shfl_sync(0xffffffffu, norm, 0);
 }
 
+// With error feedback the staging load makes u = residual + x (as make_u would), so x
+// and the residual are each read once and the residual written once.
 __global__ void __launch_bounds__(kThreads)
-    qsgd_fused(const float* u, int64_t n, int64_t bucket, int64_t buckets, bool max_norm, uint32_t levels, int width,
+    qsgd_fused(const float* x, int64_t n, int64_t bucket, int64_t buckets, bool max_norm, uint32_t levels, int width,
                uint64_t seed, uint32_t step, uint32_t rank, float* norms, uint32_t* words, float* residual) {
   extern __shared__ uint32_t staged[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -131,7 +133,7 @@ __global__ void __launch_bounds__(kThreads)
   uint32_t* packed = staged + warp * (bucket + code_words) + bucket;
   const int64_t begin = b * bucket;
   const int64_t length = n - begin < bucket ? n - begin : bucket;
-  for (int64_t e = lane; e < length; e += 32) mine[e] = u[begin + e];
+  for (int64_t e = lane; e < length; e += 32) mine[e] = residual ? residual[begin + e] + x[begin + e] : x[begin + e];
   for (int64_t w = lane; w < code_words; w += 32) packed[w] = 0;
   __syncwarp();
   float norm;
@@ -197,16 +199,16 @@ void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t
   const int64_t buckets = (n + bucket - 1) / bucket;
   auto* norms = reinterpret_cast<float*>(payload + kFixedBytes);
   auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * buckets);
-  if (residual) make_u(residual, x, n, stream);
-  const float* u = residual ? residual : x;
   if (bucket % 32 == 0 && bucket <= kMaxFusedBucket) {
     const size_t staged = sizeof(uint32_t) * static_cast<size_t>(bucket + bucket * width / 32) * (kThreads / 32);
     qsgd_fused<<<blocks_for(buckets, kThreads / 32), kThreads, staged, stream>>>(
-        u, n, bucket, buckets, max_norm, static_cast<uint32_t>(levels), width, seed, static_cast<uint32_t>(step), rank,
+        x, n, bucket, buckets, max_norm, static_cast<uint32_t>(levels), width, seed, static_cast<uint32_t>(step), rank,
         norms, words, residual);
     check_launch("qsgd_fused");
     return;
   }
+  if (residual) make_u(residual, x, n, stream);
+  const float* u = residual ? residual : x;
   const size_t code_bytes = wire::bytes_for_bits(static_cast<uint64_t>(n) * width);
   check(cudaMemsetAsync(words, 0, (code_bytes + 3) / 4 * 4, stream), "clearing the QSGD codes");
   qsgd_norms<<<blocks_for(buckets * kLanes, kThreads), kThreads, 0, stream>>>(u, n, bucket, buckets, max_norm, norms);

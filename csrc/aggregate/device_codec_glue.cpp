@@ -90,7 +90,7 @@ class DeviceTensorCodec final : public TensorCodec {
     const at::Tensor payload = encode_on_device(*codec_, x, residual, ctx);
     const int64_t size = payload.numel();
     check_slot_fits(size, slot.numel());
-    slot.narrow(0, 0, kSlotHeaderBytes).copy_(at::full({1}, size, at::kLong).view(at::kByte));
+    slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).fill_(size);  // a fill kernel: no host copy
     slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
     slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();
   }

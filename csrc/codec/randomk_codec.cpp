@@ -9,10 +9,8 @@
 #include "codec/wire.h"
 
 namespace gradzip {
-namespace {
 
-// k distinct indices below n, ascending: Floyd's sampling with Philox numbers.
-std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
+std::vector<int64_t> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
   std::vector<int64_t> chosen;
   chosen.reserve(k);
   std::unordered_set<int64_t> taken(static_cast<size_t>(k) * 2);
@@ -30,6 +28,20 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_
   return chosen;
 }
 
+RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n) {
+  r.header(CodecId::kRandomK, n);
+  RandomKLayout layout;
+  layout.k = r.get_count("k", n);
+  layout.seed = r.get<uint64_t>("seed");
+  layout.step = r.get<uint64_t>("step");
+  layout.value_scale = r.get<float>("value scale");
+  layout.values = r.take(layout.k * 4, "values");
+  r.finish();
+  return layout;
+}
+
+namespace {
+
 class RandomKCodec final : public ValueCodec {
  public:
   explicit RandomKCodec(const CodecParameters& p) : ValueCodec(p), density_(p.density), unbiased_(p.unbiased) {}
@@ -41,25 +53,20 @@ class RandomKCodec final : public ValueCodec {
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "randomk");
-    r.header(id(), n);
-    const uint64_t k = r.get_count("k", n);
-    const uint64_t seed = r.get<uint64_t>("seed");
-    const uint64_t step = r.get<uint64_t>("step");
-    const float value_scale = r.get<float>("value scale");
-    const uint8_t* values = r.at(r.take(k * 4, "values"));
-    r.finish();
-    const auto chosen = sample_indices(n, static_cast<int64_t>(k), seed, step);
-    for (uint64_t j = 0; j < k; ++j) {
+    const RandomKLayout layout = read_randomk_layout(r, n);
+    const uint8_t* values = r.at(layout.values);
+    const auto chosen = randomk_indices(n, static_cast<int64_t>(layout.k), layout.seed, layout.step);
+    for (uint64_t j = 0; j < layout.k; ++j) {
       float v;
       std::memcpy(&v, values + 4 * j, 4);
-      out[chosen[j]] += scale * (value_scale * v);
+      out[chosen[j]] += scale * (layout.value_scale * v);
     }
   }
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
     const int64_t k = count_for_density(density_, n);
-    const auto chosen = sample_indices(n, k, ctx.seed, ctx.step);
+    const auto chosen = randomk_indices(n, k, ctx.seed, ctx.step);
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint64_t>(k);
@@ -92,7 +99,7 @@ const CodecRecord& randomk_record() {
         return p;
       },
       [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<RandomKCodec>(p); },
-      nullptr,
+      GRADZIP_DEVICE_HALF(kRandomKDevice),
   };
   return record;
 }

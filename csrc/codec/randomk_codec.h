@@ -3,10 +3,27 @@
 // Body: u64 k, u64 seed, u64 step, f32 value scale, k fp32 values (ascending index order).
 #pragma once
 
+#include <cstdint>
+#include <vector>
+
 #include "codec/codec_record.h"
+#include "codec/wire.h"
 
 namespace gradzip {
 
+// The k distinct indices below n that (seed, step) choose, ascending: Floyd's sampling
+// with Philox4x32-10 numbers (on the host; the same on every rank and device).
+std::vector<int64_t> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step);
+
+struct RandomKLayout {
+  uint64_t k, seed, step;
+  float value_scale;
+  wire::Section values;
+};
+// The one parser of a randomk payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
+RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n);
+
 const CodecRecord& randomk_record();
+extern const DeviceHalf kRandomKDevice;  // cuda/randomk_encode.cu
 
 }  // namespace gradzip

@@ -139,7 +139,8 @@ const char* const kSpecs[] = {
     "sign",              "sign:block=100",     "sign:vote=majority", "sign:block=0", "sign:block=1024",
     "qsgd", "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "qsgd:bits=16,bucket=1024",
     "qsgd:bucket=1024", "identity", "fp16", "bf16",
-    "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest"};
+    "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest",
+    "randomk:density=0.01", "randomk:density=0.3,unbiased=0", "randomk:density=1"};
 
 // Sizes on both sides of warp (32), block (256, 1024) and word boundaries, and a grid of
 // thousands of blocks. GRADZIP_CUDA_TEST_QUICK (compute-sanitizer's runs) stops at 100003.
