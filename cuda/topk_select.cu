@@ -1,5 +1,6 @@
 // Radix select of the k largest magnitudes (see topk_select.h). Kernels first, then the
 // host dispatch. Every count is an integer atomic or a CUB scan: deterministic.
+#include <cooperative_groups.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_select.cuh>
@@ -15,6 +16,8 @@
 
 namespace gradzip::cuda {
 namespace {
+
+namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
 constexpr int kTieChunk = 4096;  // elements per block when counting ties at the threshold
@@ -72,7 +75,12 @@ __global__ void __launch_bounds__(kThreads)
         const uint32_t key = math::magnitude_key(u[j]);
         if ((key & mask) == prefix) {
           atomicAdd(&counts[math::radix_digit(key, pass)], 1u);
-          if (collecting) collect[atomicAdd(&state->candidates, 1ull)] = i;  // order-free: only counted
+          if (collecting) {  // order-free (only counted): one atomic per group of lanes here together
+            const cg::coalesced_group here = cg::coalesced_threads();
+            unsigned long long first = 0;
+            if (here.thread_rank() == 0) first = atomicAdd(&state->candidates, 1ull * here.size());
+            collect[here.shfl(first, 0) + here.thread_rank()] = i;
+          }
         }
       }
     }

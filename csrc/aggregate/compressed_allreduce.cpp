@@ -13,12 +13,24 @@
 #include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include "device_codec.h"
 #endif
 
 namespace gradzip {
 namespace {
+
+// A state tensor about to be used by work queued on the current stream: when that is not
+// the stream it was allocated on, the caching allocator is told, so that a later
+// replacement (load_state, a new layout) does not hand its memory out while that work
+// may still read it (a no-op on its own stream, and for CPU tensors).
+const at::Tensor& used_on_current_stream(const at::Tensor& t) {
+#ifdef GRADZIP_WITH_CUDA
+  if (t.defined() && t.is_cuda()) t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
+#endif
+  return t;
+}
 
 bool compressible(const at::Tensor& t) {
   const auto type = t.scalar_type();
@@ -31,6 +43,7 @@ at::Tensor& residual_on(CompressedState& state, const at::Device& device, int64_
   TORCH_CHECK(state.residual.numel() == n, "gradzip: the tensor keyed '", key, "' had ", state.residual.numel(),
               " elements and now has ", n, "; a key must always name a tensor of the same size");
   if (state.residual.device() != device) state.residual = state.residual.to(device);
+  used_on_current_stream(state.residual);
   return state.residual;
 }
 
@@ -56,6 +69,7 @@ void own_chunk(CompressedState& state, const Chunk& owned, const at::Device& dev
     state.owner_offset = owned.begin;
   }
   if (state.owner_residual.device() != device) state.owner_residual = state.owner_residual.to(device);
+  used_on_current_stream(state.owner_residual);
 }
 
 // The pieces' state tensors end to end. Pieces that are consecutive views of one storage,
@@ -86,7 +100,7 @@ at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momen
   TORCH_CHECK(state.velocity.numel() == n, "gradzip: the velocity of the tensor keyed '", key, "' has ",
               state.velocity.numel(), " elements, the tensor ", n);
   if (state.velocity.device() != call.x.device()) state.velocity = state.velocity.to(call.x.device());
-  state.velocity.mul_(momentum).add_(call.x);
+  used_on_current_stream(state.velocity).mul_(momentum).add_(call.x);
   call.x = state.velocity;
   return call.worker_residual + state.velocity;
 }

@@ -178,6 +178,31 @@ def test_the_ddp_hook_on_the_gpu(spec, per_parameter):
     assert grown >= 4 * numel, (grown, numel)
 
 
+def allreduce_on_streams(rank, world, spec):
+    """The same all-reduces on the default stream and on a side stream, alternating, so
+    the state's tensors are used on a stream they were not allocated on."""
+    torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    side = torch.cuda.Stream()
+    results = []
+    for step in range(4):
+        t = torch.randn(50021, generator=torch.Generator().manual_seed(1000 * step + rank)).cuda()
+        stream = side if step % 2 else torch.cuda.current_stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            dist.all_reduce(t)
+        torch.cuda.current_stream().wait_stream(stream)
+        results.append(t.cpu())
+    return torch.stack(results)
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.01", "sign", "qsgd"])
+def test_cuda_allreduce_on_a_side_stream(spec):
+    (streams,) = run_ranks(allreduce_on_streams, 1, spec)
+    (cpu,) = run_ranks(allreduce_on, 1, spec, "cpu", 4)
+    assert same_bits(streams, cpu)
+
+
 def state_round_trip(rank, world):
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="topk:density=0.01"))
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
