@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 
 #include "aggregate/completed_work.h"
@@ -10,6 +11,12 @@
 #include "aggregate/peer_exchange.h"
 #include "aggregate/peer_header.h"
 #include "codec/codec_record.h"
+#ifdef GRADZIP_WITH_CUDA
+#include <c10/cuda/CUDAGuard.h>
+
+#include "aggregate/device_codec_glue.h"
+#include "device_codec.h"
+#endif
 
 namespace gradzip {
 namespace {
@@ -65,6 +72,80 @@ int64_t bytes_received(const std::vector<PeerMessage>& messages) {
   for (const auto& m : messages) total += m.bytes.numel() + kHeaderBytes;
   return total;
 }
+
+// Whether CHOCO keeps this tensor's public copies and runs its codec on its GPU.
+bool on_device([[maybe_unused]] const at::Tensor& tensor, [[maybe_unused]] const Codec& codec) {
+#ifdef GRADZIP_WITH_CUDA
+  return tensor.is_cuda() && cuda::has_device_half(codec);
+#else
+  return false;
+#endif
+}
+
+#ifdef GRADZIP_WITH_CUDA
+struct ChocoCall {
+  const std::vector<Neighbour>& neighbours;
+  int rank, size;
+  uint64_t step, seed;
+  double gamma;
+  const std::string& key;
+};
+
+// Adds the payload (uint8, on the copy's GPU) into a public copy, as the host's
+// decode_add adds it. The payload goes into a row of whole 8-byte words first: the
+// decoders read whole words.
+void add_decoded(const Codec& codec, const at::Tensor& payload, at::Tensor& copy) {
+  const int64_t size = payload.numel();
+  const int64_t stride = std::max<int64_t>(8, (size + 7) / 8 * 8);
+  at::Tensor row = at::zeros({stride}, payload.options());
+  row.narrow(0, 0, size).copy_(payload);
+  decode_add_on_device(codec.id(), row, stride, {static_cast<size_t>(size)}, copy);
+}
+
+// CHOCO's step for a CUDA tensor, its public copies on its GPU (copy_tensor(owner)): q =
+// Q(x − x^) encoded there and sent to the neighbours, every holder of x^ adds the same
+// decoded q, then x += gamma · sum_j w_ij (x^_j − x^_i) in ascending rank order. Returns
+// false, leaving x alone, when this rank's x or a neighbour's held Inf or NaN.
+bool choco_step_on_device(const Codec& codec, at::Tensor& tensor, const std::function<at::Tensor&(int)>& copy_tensor,
+                          const ChocoCall& call, const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) {
+  const c10::cuda::CUDAGuard guard(tensor.device());
+  const int64_t n = tensor.numel();
+  at::Tensor& mine = copy_tensor(call.rank);
+  const at::Tensor x = tensor.detach().reshape({n}).to(at::kFloat).contiguous();
+  const bool finite = at::isfinite(x).all().item<bool>();
+  const at::Tensor bytes = finite ? encode_on_device(codec, x - mine, at::Tensor(),
+                                                     EncodeContext{call.seed, call.step, static_cast<uint32_t>(call.rank)})
+                                  : at::empty({0}, at::dtype(at::kByte).device(tensor.device()));
+  const auto header = message_header(bytes.numel(), finite, tensor, call.step);
+  const auto max_bytes = static_cast<int64_t>(codec.max_payload_bytes(n));
+  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(call.neighbours), transport,
+                                            header_check(header, max_bytes, call.rank, call.key));
+  bool all_sent = finite;
+  if (finite) add_decoded(codec, bytes, mine);
+  for (const auto& m : messages) {
+    if (!sent_finite(m)) {
+      all_sent = false;
+      continue;
+    }
+    try {
+      add_decoded(codec, m.bytes.to(tensor.device()), copy_tensor(m.rank));
+    } catch (const cuda::RankPayloadError& e) {
+      TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", call.key,
+                  "' cannot be decoded: ", e.what());
+    }
+  }
+  const int64_t peers = static_cast<int64_t>(call.neighbours.size());
+  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages),
+            ring_allreduce_bytes(n * 4, call.size));
+  if (!all_sent) return false;
+  at::Tensor delta = at::zeros({n}, x.options());
+  for (const auto& neighbour : call.neighbours) {
+    delta.add_(copy_tensor(neighbour.rank) - mine, static_cast<float>(neighbour.weight));
+  }
+  tensor.add_(delta.view(tensor.sizes()).to(tensor.scalar_type()), call.gamma);
+  return true;
+}
+#endif
 
 // What one gossip call runs on: the group, its graph, and this tensor's state and step.
 template <typename KeyState>
@@ -138,7 +219,7 @@ void GossipState::load(const std::string& field, const at::Tensor& value, const 
 void ChocoState::save(const std::string& key, std::map<std::string, at::Tensor>& out) const {
   out[state_name(key, "calls")] = count_tensor(calls);
   for (const auto& [rank, copy] : public_copies) {
-    out[state_name(key, "public_copy_" + std::to_string(rank))] = copy.clone();
+    out[state_name(key, "public_copy_" + std::to_string(rank))] = copy.to(at::kCPU, false, /*copy=*/true);
   }
 }
 
@@ -224,14 +305,29 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   const auto [size, rank, topology, state, step] = begin_call(topologies_, mutex_, states_, transport, key);
   const int64_t n = tensor.numel();
   const auto& neighbours = topology.neighbours(rank, step);
+  // With a codec that has GPU kernels, a CUDA tensor's public copies live on its device.
+  const at::Device device = on_device(tensor, *codec_) ? tensor.device() : at::Device(at::kCPU);
   auto& copies = state.public_copies;
-  auto copy_of = [&](int owner) -> float* {
+  auto copy_tensor = [&](int owner) -> at::Tensor& {
     auto& copy = copies[owner];
-    if (!copy.defined()) copy = at::zeros({n}, at::kFloat);
+    if (!copy.defined()) copy = at::zeros({n}, at::dtype(at::kFloat).device(device));
     TORCH_CHECK(copy.numel() == n, "gradzip: the tensor keyed '", key, "' had ", copy.numel(),
                 " elements and now has ", n, "; a key must always name a tensor of the same size");
-    return copy.data_ptr<float>();
+    if (copy.device() != device) copy = copy.to(device);  // a loaded state comes from the host
+    return copy;
   };
+#ifdef GRADZIP_WITH_CUDA
+  if (device.is_cuda()) {
+    if (!choco_step_on_device(*codec_, tensor, copy_tensor, ChocoCall{neighbours, rank, size, step, seed_, gamma_, key},
+                              transport, stats)) {
+      tensor.fill_(std::numeric_limits<float>::quiet_NaN());  // as on the host: a Inf or NaN was not sent
+    } else if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) {
+      tensor.mul_(size);
+    }
+    return completed_work(tensors);
+  }
+#endif
+  auto copy_of = [&](int owner) -> float* { return copy_tensor(owner).data_ptr<float>(); };
   float* mine = copy_of(rank);
 
   // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.

@@ -203,6 +203,34 @@ def test_cuda_allreduce_on_a_side_stream(spec):
     assert same_bits(streams, cpu)
 
 
+def choco_on(rank, world, spec, device, steps):
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip")
+    agg = gradzip.Aggregation(spec)
+    x = torch.randn(4099, generator=torch.Generator().manual_seed(rank)).to(device)
+    for _ in range(steps):
+        agg(x)
+    return x.cpu(), agg.state_dict()
+
+
+@pytest.mark.parametrize("spec", ["choco:topology=ring,compress=sign,block=64,gamma=0.8",
+                                  "choco:topology=ring,compress=topk,density=0.1,gamma=0.05"])
+@pytest.mark.parametrize("world", ranks_for_nccl())
+def test_choco_keeps_its_public_copies_on_the_gpu(spec, world):
+    on_gpu = run_ranks(choco_on, world, spec, "cuda", 5)
+    on_cpu = run_ranks(choco_on, world, spec, "cpu", 5)
+    for rank in range(world):
+        (gpu_x, gpu_state), (cpu_x, cpu_state) = on_gpu[rank], on_cpu[rank]
+        copies = [name for name in cpu_state["tensors"] if "public_copy_" in name]
+        assert copies and sorted(copies) == sorted(n for n in gpu_state["tensors"] if "public_copy_" in n)
+        # This rank's own copy takes the same decoded q as on the host: the same bits.
+        own = [name for name in copies if name.endswith(f"public_copy_{rank}")]
+        assert same_bits(gpu_state["tensors"][own[0]], cpu_state["tensors"][own[0]])
+        assert all(gpu_state["tensors"][name].device.type == "cpu" for name in copies)  # saved on the host
+        torch.testing.assert_close(gpu_x, cpu_x, rtol=1e-5, atol=1e-5)
+
+
 def state_round_trip(rank, world):
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="topk:density=0.01"))
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
