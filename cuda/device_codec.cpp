@@ -50,9 +50,15 @@ std::vector<uint8_t> read_row_prefixes(const uint8_t* rows, size_t stride, int c
 
 size_t payload_prefix_bytes(size_t stride) { return std::min(kPrefixBytes, stride); }
 
-void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
-                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale, bool set,
-                       const uint8_t* prefixes, size_t prefix_stride) {
+int* decode_checks(int count, DeviceArena& arena, cudaStream_t stream) {
+  auto* errors = static_cast<int*>(arena.allocate(sizeof(int) * std::max(count, 1)));
+  if (count > 0) check(cudaMemsetAsync(errors, 0, sizeof(int) * count, stream), "clearing the payload checks");
+  return errors;
+}
+
+void queue_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
+                      float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale, bool set,
+                      const uint8_t* prefixes, size_t prefix_stride, int* errors) {
   const DeviceHalf& half = device_half(codec);
   const int count = static_cast<int>(sizes.size());
   if (stride % 8 != 0) throw std::logic_error("gradzip: payload stride must be a multiple of 8");
@@ -67,28 +73,29 @@ void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, co
     prefixes = read.data();
     prefix_stride = have;
   }
-  auto* errors = static_cast<int*>(arena.allocate(sizeof(int) * count));
-  check(cudaMemsetAsync(errors, 0, sizeof(int) * count, stream), "clearing the payload checks");
   const PayloadRows rows{payloads, stride, prefixes, prefix_stride, have, &sizes};
-  if (!half.queue_decode_rows || !half.queue_decode_rows(rows, scale, set, out, n, errors, stream)) {
-    // Payload after payload, each read and written by its own kernels.
-    float* target = out;
-    if (scale != 1.0f) {
-      target = static_cast<float*>(arena.allocate(sizeof(float) * std::max<int64_t>(n, 1)));
-      check(cudaMemsetAsync(target, 0, sizeof(float) * n, stream), "clearing the decode scratch");
-    } else if (set) {
-      check(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "clearing the sum");
-    }
-    for (int r = 0; r < count; ++r) {
-      try {
-        half.queue_decode_add(payloads + r * stride, prefixes + r * prefix_stride, std::min(have, sizes[r]),
-                              sizes[r], target, n, errors + r, arena, stream);
-      } catch (const PayloadError& e) {
-        throw RankPayloadError(r, e.what());
-      }
-    }
-    if (target != out) add_scaled(out, target, scale, set, n, stream);
+  if (half.queue_decode_rows && half.queue_decode_rows(rows, scale, set, out, n, errors, stream)) return;
+  // Payload after payload, each read and written by its own kernels.
+  float* target = out;
+  if (scale != 1.0f) {
+    target = static_cast<float*>(arena.allocate(sizeof(float) * std::max<int64_t>(n, 1)));
+    check(cudaMemsetAsync(target, 0, sizeof(float) * n, stream), "clearing the decode scratch");
+  } else if (set) {
+    check(cudaMemsetAsync(out, 0, sizeof(float) * n, stream), "clearing the sum");
   }
+  for (int r = 0; r < count; ++r) {
+    try {
+      half.queue_decode_add(payloads + r * stride, prefixes + r * prefix_stride, std::min(have, sizes[r]), sizes[r],
+                            target, n, errors + r, arena, stream);
+    } catch (const PayloadError& e) {
+      throw RankPayloadError(r, e.what());
+    }
+  }
+  if (target != out) add_scaled(out, target, scale, set, n, stream);
+}
+
+void check_decoded(CodecId codec, const int* errors, int count, cudaStream_t stream) {
+  if (count == 0) return;
   std::vector<int> verdict(count);
   check(cudaMemcpyAsync(verdict.data(), errors, sizeof(int) * count, cudaMemcpyDeviceToHost, stream),
         "reading the payload checks");
@@ -96,6 +103,15 @@ void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, co
   for (int r = 0; r < count; ++r) {
     if (verdict[r]) throw RankPayloadError(r, device_check_message(codec, verdict[r]));
   }
+}
+
+void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
+                       float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale, bool set,
+                       const uint8_t* prefixes, size_t prefix_stride) {
+  const int count = static_cast<int>(sizes.size());
+  int* errors = decode_checks(count, arena, stream);
+  queue_decode_add(codec, payloads, stride, sizes, out, n, arena, stream, scale, set, prefixes, prefix_stride, errors);
+  check_decoded(codec, errors, count, stream);
 }
 
 }  // namespace gradzip::cuda

@@ -58,4 +58,15 @@ void device_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, co
                        float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale = 1.0f,
                        bool set = false, const uint8_t* prefixes = nullptr, size_t prefix_stride = 0);
 
+// device_decode_add() in parts, so that several decodes share one read of their checks:
+// decode_checks() makes `count` cleared check words; queue_decode_add() parses the rows
+// (RankPayloadError names a row of this call) and queues their kernels, which set bits
+// in errors[r]; check_decoded() reads the words back (one copy, one synchronization) and
+// throws RankPayloadError for the first that is set.
+int* decode_checks(int count, DeviceArena& arena, cudaStream_t stream);
+void queue_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, const std::vector<size_t>& sizes,
+                      float* out, int64_t n, DeviceArena& arena, cudaStream_t stream, float scale, bool set,
+                      const uint8_t* prefixes, size_t prefix_stride, int* errors);
+void check_decoded(CodecId codec, const int* errors, int count, cudaStream_t stream);
+
 }  // namespace gradzip::cuda

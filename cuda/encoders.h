@@ -1,6 +1,6 @@
 // GPU encoders that write, into device memory, the same payload bytes as the CPU codecs
 // (docs/wire-format.md) for the same input, residual and context. Device pointers
-// throughout; everything runs on `stream`. A payload buffer must be 4-byte aligned and
+// throughout; everything runs on `stream`. A payload buffer must be 8-byte aligned and
 // hold the payload's bytes rounded up to a multiple of 4 (the packers store whole words).
 // With a non-null residual, the encoders leave in it exactly what the CPU codec leaves:
 // u − what the payload decodes to.
@@ -40,7 +40,8 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
 size_t sign_payload_bytes(int64_t n, int64_t block);
 void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream);
 
-// Device memory for a payload of `size` bytes: rounded up to 8 (the packers store whole words).
+// Device memory for a payload of `size` bytes (DeviceArena::payload): rounded up to 8 (the
+// packers store whole words), 8-byte aligned.
 uint8_t* payload_memory(DeviceArena& arena, size_t size);
 
 // qsgd: per-bucket norms, then levels drawn with Philox counted by (element, step, rank).

@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreads)
 }  // namespace
 
 uint8_t* payload_memory(DeviceArena& arena, size_t size) {
-  return static_cast<uint8_t*>(arena.allocate(size < 8 ? 8 : (size + 7) / 8 * 8));
+  return static_cast<uint8_t*>(arena.payload(size < 8 ? 8 : (size + 7) / 8 * 8));
 }
 
 size_t topk_payload_bytes(int64_t n, int64_t count) {

@@ -13,7 +13,7 @@ namespace {
 
 // Device memory from torch's caching allocator, held until the arena goes: the
 // allocator orders any reuse after the work already queued on the stream.
-class TorchArena final : public DeviceArena {
+class TorchArena : public DeviceArena {
  public:
   explicit TorchArena(at::Device device) : device_(device) {}
   void* allocate(size_t bytes) override {
@@ -33,6 +33,20 @@ class TorchArena final : public DeviceArena {
   std::vector<at::Tensor> held_;
 };
 
+// A TorchArena that hands out the payload region of a slot (after its 8-byte length) for
+// the payload, when the payload fits there: the encode writes where the bytes go on the wire.
+class SlotArena final : public TorchArena {
+ public:
+  SlotArena(at::Device device, const at::Tensor& slot) : TorchArena(device), slot_(slot) {}
+  void* payload(size_t bytes) override {
+    if (bytes > static_cast<size_t>(slot_.numel() - kSlotHeaderBytes)) return allocate(bytes);
+    return slot_.data_ptr<uint8_t>() + kSlotHeaderBytes;
+  }
+
+ private:
+  at::Tensor slot_;
+};
+
 void check_on_device(const at::Tensor& t, const at::Device& device, const char* what) {
   TORCH_CHECK(t.device() == device && t.scalar_type() == at::kFloat && t.is_contiguous(), "gradzip: ", what,
               " must be a contiguous float32 tensor on ", device, ", got ", t.scalar_type(), " on ", t.device());
@@ -40,8 +54,11 @@ void check_on_device(const at::Tensor& t, const at::Device& device, const char* 
 
 }  // namespace
 
-at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
-                            const EncodeContext& ctx) {
+namespace {
+
+// codec's device half on x (and the residual) with memory from `arena`, on the current stream.
+DevicePayload encode_with(TorchArena& arena, const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
+                          const EncodeContext& ctx) {
   TORCH_CHECK(x.is_cuda(), "gradzip: the GPU encoder takes a CUDA tensor, got one on ", x.device());
   check_on_device(x, x.device(), "the input");
   if (residual.defined()) {
@@ -50,10 +67,17 @@ at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::T
                 " elements, the input ", x.numel());
   }
   const c10::cuda::CUDAGuard guard(x.device());
+  return cuda::device_encode(codec, x.data_ptr<float>(), x.numel(),
+                             residual.defined() ? residual.data_ptr<float>() : nullptr, ctx, arena,
+                             c10::cuda::getCurrentCUDAStream(x.device().index()));
+}
+
+}  // namespace
+
+at::Tensor encode_on_device(const Codec& codec, const at::Tensor& x, const at::Tensor& residual,
+                            const EncodeContext& ctx) {
   TorchArena arena(x.device());
-  const auto payload =
-      cuda::device_encode(codec, x.data_ptr<float>(), x.numel(), residual.defined() ? residual.data_ptr<float>() : nullptr,
-                          ctx, arena, c10::cuda::getCurrentCUDAStream(x.device().index()));
+  const DevicePayload payload = encode_with(arena, codec, x, residual, ctx);
   return arena.owner(payload.data).narrow(0, 0, static_cast<int64_t>(payload.size));
 }
 
@@ -81,42 +105,84 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
 
 namespace {
 
+// Each slot's declared length and its payload's first bytes, read in one copy (one
+// synchronization): what decoding needs on the host.
+struct SlotHeads {
+  SlotHeads(const at::Tensor& slots, int64_t stride, int rows) {
+    TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kByte && slots.is_contiguous() &&
+                    slots.numel() >= rows * stride && stride > kSlotHeaderBytes && stride % 8 == 0,
+                "gradzip: the slots must be ", rows, " contiguous uint8 rows of ", stride, " bytes on a GPU");
+    const c10::cuda::CUDAGuard guard(slots.device());
+    bytes_per_row = static_cast<size_t>(
+        kSlotHeaderBytes +
+        std::min<int64_t>(static_cast<int64_t>(cuda::payload_prefix_bytes(stride)), stride - kSlotHeaderBytes));
+    bytes = cuda::read_row_prefixes(slots.data_ptr<uint8_t>(), static_cast<size_t>(stride), rows, bytes_per_row,
+                                    c10::cuda::getCurrentCUDAStream(slots.device().index()));
+    for (int r = 0; r < rows; ++r) {
+      uint64_t size;
+      std::memcpy(&size, bytes.data() + r * bytes_per_row, 8);
+      sizes.push_back(slot_payload_size(size, stride, r));
+    }
+  }
+  // Row r's payload prefix, bytes_per_row apart from the next.
+  const uint8_t* prefix(int r) const { return bytes.data() + r * bytes_per_row + kSlotHeaderBytes; }
+
+  size_t bytes_per_row = 0;
+  std::vector<uint8_t> bytes;
+  std::vector<size_t> sizes;
+};
+
 class DeviceTensorCodec final : public TensorCodec {
  public:
   explicit DeviceTensorCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
 
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
-    const at::Tensor payload = encode_on_device(*codec_, x, residual, ctx);
-    const int64_t size = payload.numel();
+    // The payload is written in the slot itself (SlotArena); a length, the zero padding.
+    SlotArena arena(x.device(), slot);
+    const DevicePayload payload = encode_with(arena, *codec_, x, residual, ctx);
+    const auto size = static_cast<int64_t>(payload.size);
     check_slot_fits(size, slot.numel());
+    TORCH_INTERNAL_ASSERT(payload.data == slot.data_ptr<uint8_t>() + kSlotHeaderBytes,
+                          "gradzip: a payload within its codec's bound was not written in its slot");
     slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).fill_(size);  // a fill kernel: no host copy
-    slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
     slot.narrow(0, kSlotHeaderBytes + size, slot.numel() - kSlotHeaderBytes - size).zero_();
   }
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
-    TORCH_CHECK(slots.is_cuda() && slots.scalar_type() == at::kByte && slots.is_contiguous() &&
-                    slots.numel() >= rows * stride && stride > kSlotHeaderBytes,
-                "gradzip: the slots must be ", rows, " contiguous uint8 rows of ", stride, " bytes on a GPU");
-    // Each slot's length and its payload's fixed fields: one copy, one synchronization.
-    const c10::cuda::CUDAGuard guard(slots.device());
-    const auto head = static_cast<size_t>(
-        kSlotHeaderBytes + std::min<int64_t>(static_cast<int64_t>(cuda::payload_prefix_bytes(stride)),
-                                             stride - kSlotHeaderBytes));
-    const std::vector<uint8_t> heads =
-        cuda::read_row_prefixes(slots.data_ptr<uint8_t>(), static_cast<size_t>(stride), rows, head,
-                                c10::cuda::getCurrentCUDAStream(slots.device().index()));
-    std::vector<size_t> sizes(rows);
-    for (int r = 0; r < rows; ++r) {
-      uint64_t size;
-      std::memcpy(&size, heads.data() + r * head, 8);
-      sizes[r] = slot_payload_size(size, stride, r);
-    }
+    const SlotHeads heads(slots, stride, rows);
     const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
     try {
-      decode_add_on_device(codec_->id(), payloads, stride, sizes, sum, scale, /*set=*/true,
-                           heads.data() + kSlotHeaderBytes, head);
+      decode_add_on_device(codec_->id(), payloads, stride, heads.sizes, sum, scale, /*set=*/true, heads.prefix(0),
+                           heads.bytes_per_row);
+    } catch (const cuda::RankPayloadError& e) {
+      throw SlotError(e.rank(), e.what());
+    }
+  }
+
+  // Every slot's kernels queued, then one read of all their checks.
+  void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
+                   float scale) const override {
+    const int rows = static_cast<int>(targets.size());
+    const SlotHeads heads(slots, stride, rows);
+    const at::Device device = slots.device();
+    const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
+    TorchArena arena(device);
+    int* errors = cuda::decode_checks(rows, arena, stream);
+    for (int r = 0; r < rows; ++r) {
+      at::Tensor target = targets[r];
+      check_on_device(target, device, "a piece of the sum");
+      try {
+        cuda::queue_decode_add(codec_->id(), slots.data_ptr<uint8_t>() + r * stride + kSlotHeaderBytes,
+                               static_cast<size_t>(stride), {heads.sizes[r]}, target.data_ptr<float>(),
+                               target.numel(), arena, stream, scale, /*set=*/true, heads.prefix(r),
+                               heads.bytes_per_row, errors + r);
+      } catch (const cuda::RankPayloadError& e) {
+        throw SlotError(r, e.what());
+      }
+    }
+    try {
+      cuda::check_decoded(codec_->id(), errors, rows, stream);
     } catch (const cuda::RankPayloadError& e) {
       throw SlotError(e.rank(), e.what());
     }

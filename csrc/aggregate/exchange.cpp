@@ -45,6 +45,17 @@ class HostTensorCodec final : public TensorCodec {
     }
   }
 
+  void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
+                   float scale) const override {
+    for (size_t r = 0; r < targets.size(); ++r) {
+      try {
+        decode_sum(slots.narrow(0, static_cast<int64_t>(r) * stride, stride), stride, 1, targets[r], scale);
+      } catch (const SlotError& e) {
+        throw SlotError(static_cast<int>(r), e.what());
+      }
+    }
+  }
+
  private:
   std::shared_ptr<const Codec> codec_;
 };
@@ -336,13 +347,15 @@ int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const Ex
     const at::Tensor round = flights.finish(rounds + s);
     if (undecodable) raise_for_slot(*undecodable, call.key, "the piece");
     TORCH_CHECK(failure.empty(), "gradzip: re-encoding the reduced chunk failed: ", failure);
+    std::vector<at::Tensor> pieces;
     for (int j = 0; j < ranks; ++j) {
       const Chunk c = round_piece(n, ranks, j, rounds, s);
-      try {
-        codec.decode_sum(round.narrow(0, j * stride, stride), stride, 1, sum.narrow(0, c.begin, c.length), call.scale);
-      } catch (const SlotError& e) {
-        raise_for_slot(SlotError(j, e.what()), call.key, "the reduced chunk");
-      }
+      pieces.push_back(sum.narrow(0, c.begin, c.length));
+    }
+    try {
+      codec.decode_each(round, stride, pieces, call.scale);
+    } catch (const SlotError& e) {
+      raise_for_slot(e, call.key, "the reduced chunk");
     }
   }
   return 2 * (ranks - 1) * rounds * stride;

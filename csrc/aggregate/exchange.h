@@ -136,6 +136,11 @@ class TensorCodec {
   // SlotError naming the first slot that cannot be decoded (a failed slot included).
   virtual void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
                           float scale = 1.0f) const = 0;
+  // Sets targets[r] to scale × the payload of slot r alone, for r = 0 .. targets.size() − 1
+  // (the owners' reduced pieces: each its own part of the result). Throws SlotError naming
+  // the first slot that cannot be decoded.
+  virtual void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
+                           float scale) const = 0;
 };
 
 // The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a

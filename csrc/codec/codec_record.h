@@ -43,12 +43,16 @@ struct CodecParameters {
   int list_size = 1;           // polar: successive-cancellation list size
 };
 
-// Device memory for the device halves: 256-byte aligned, valid until the arena goes
+// Device memory for the device halves: 256-byte aligned (payload(): 8), valid until the arena goes
 // (torch's caching allocator in gradzip._C, cudaMalloc in the tests).
 class DeviceArena {
  public:
   virtual ~DeviceArena() = default;
   virtual void* allocate(size_t bytes) = 0;
+  // Where an encode writes its payload (`bytes`: its size rounded up to 8), 8-byte
+  // aligned: a new allocation, unless the arena's owner wants it somewhere (the
+  // exchange: straight into the slot that goes on the wire).
+  virtual void* payload(size_t bytes) { return allocate(bytes); }
   // Scratch of at least `bytes` that the next reusable() call may hand out again: for
   // work queued one after the other on one stream, each use ending before the next
   // begins (a payload's decode scratch, payload after payload).
