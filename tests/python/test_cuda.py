@@ -178,6 +178,35 @@ def test_the_ddp_hook_on_the_gpu(spec, per_parameter):
     assert grown >= 4 * numel, (grown, numel)
 
 
+def ddp_through_the_backend(rank, world, spec):
+    """DDP on one GPU per rank over the gradzip backend (its NCCL moves the payloads)."""
+    torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)).cuda()
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    losses = []
+    for step in range(20):
+        g = torch.Generator().manual_seed(0)  # one batch, every step and rank: a loss that must fall
+        x, y = torch.randn(64, 256, generator=g).cuda(), torch.randint(0, 10, (64,), generator=g).cuda()
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(ddp(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()]), losses
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.1", "sign", "qsgd:bits=8"])
+@pytest.mark.parametrize("world", ranks_for_nccl())
+def test_ddp_through_the_gradzip_backend_on_the_gpu(spec, world):
+    results = run_ranks(ddp_through_the_backend, world, spec)
+    params, losses = results[0]
+    assert torch.isfinite(params).all() and losses[-1] < losses[0], losses
+    assert all(same_bits(r[0], params) for r in results)
+
+
 def allreduce_on_streams(rank, world, spec):
     """The same all-reduces on the default stream and on a side stream, alternating, so
     the state's tensors are used on a stream they were not allocated on."""
