@@ -30,6 +30,7 @@ def entries(text):
 def short(demangled):
     name = demangled.replace("gradzip::cuda::(anonymous namespace)::", "").replace("gradzip::cuda::", "")
     name = re.sub(r"^void ", "", name)
+    name = re.sub(r"\(gradzip::CodecId\)(\d+)", r"CodecId=\1", name)  # template arguments, before the cut below
     if name.startswith("cub::"):  # cub::CUB_300001_SM_800_900::detail::scan::DeviceScanKernel<...> -> cub scan::DeviceScanKernel
         return "cub " + re.sub(r"<.*$", "", re.sub(r"^cub::CUB_\w+::(detail::)?", "", name))
     return re.sub(r"\(.*$", "", name)
