@@ -29,6 +29,7 @@ struct Scratch {
   uint64_t* code_starts;  // count
   uint32_t* positions;  // ceil(n/32) + 2 words: the bitmap, or the Golomb codes (used only when not longer)
   uint32_t* signs;      // ceil(count/32) words
+  double* lanes;        // μ's kStcMeanLanes lane sums
   void* cub_temp;
   size_t cub_bytes;
   size_t total;
@@ -39,6 +40,7 @@ struct Scratch {
     code_starts = carve.take<uint64_t>(static_cast<size_t>(count));
     positions = carve.take<uint32_t>(static_cast<size_t>(n) / 32 + 2);
     signs = carve.take<uint32_t>(static_cast<size_t>(count) / 32 + 1);
+    lanes = carve.take<double>(math::kStcMeanLanes);
     cub_bytes = 0;
     check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, code_bits, code_starts, count), "cub::DeviceScan (size)");
     cub_temp = carve.take_bytes(cub_bytes);
@@ -46,18 +48,24 @@ struct Scratch {
   }
 };
 
-__global__ void __launch_bounds__(math::kStcMeanLanes)
-    stc_mean(const float* u, const int64_t* indices, int64_t count, float* mu) {
-  __shared__ double lanes[math::kStcMeanLanes];
+// μ in the CPU's order (math::kStcMeanLanes): each lane's entries in entry order, one
+// thread per lane, the lanes spread over kMeanBlocks blocks (so over as many SMs, for
+// their gathers' latency); then one thread adds the lanes in lane order.
+constexpr int kMeanBlocks = 32;
+static_assert(math::kStcMeanLanes % kMeanBlocks == 0, "lanes split evenly over the blocks");
+
+__global__ void __launch_bounds__(math::kStcMeanLanes / kMeanBlocks)
+    stc_lane_sums(const float* u, const int64_t* indices, int64_t count, double* lanes) {
+  const int l = blockIdx.x * blockDim.x + threadIdx.x;
   double lane = 0.0;
-  for (int64_t j = threadIdx.x; j < count; j += math::kStcMeanLanes) lane += fabs(static_cast<double>(u[indices[j]]));
-  lanes[threadIdx.x] = lane;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double total = 0.0;
-    for (int l = 0; l < math::kStcMeanLanes; ++l) total += lanes[l];
-    *mu = count ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
-  }
+  for (int64_t j = l; j < count; j += math::kStcMeanLanes) lane += fabs(static_cast<double>(u[indices[j]]));
+  lanes[l] = lane;
+}
+
+__global__ void stc_mean(const double* lanes, int64_t count, float* mu) {
+  double total = 0.0;
+  for (int l = 0; l < math::kStcMeanLanes; ++l) total += lanes[l];
+  *mu = count ? static_cast<float>(total / static_cast<double>(count)) : 0.0f;
 }
 
 __device__ __forceinline__ uint64_t gap_before(const int64_t* indices, int64_t j) {
@@ -158,7 +166,9 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
   w.put<uint64_t>(plan.position_bytes);
   write_fixed_fields(payload, fields, stream);
   auto* mu = reinterpret_cast<float*>(payload + kMuOffset);
-  stc_mean<<<1, math::kStcMeanLanes, 0, stream>>>(u, indices, count, mu);
+  stc_lane_sums<<<kMeanBlocks, math::kStcMeanLanes / kMeanBlocks, 0, stream>>>(u, indices, count, s.lanes);
+  check_launch("stc_lane_sums");
+  stc_mean<<<1, 1, 0, stream>>>(s.lanes, count, mu);
   check_launch("stc_mean");
   if (count <= 0) return;
 
