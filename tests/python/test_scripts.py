@@ -61,7 +61,8 @@ def test_cuda_allreduce_benchmark_runs_its_rows_on_cpu(tmp_path):
     methods = {row["method"]: row for row in result["rows"]}
     assert set(methods) == {"gloo", "gloo fp16 copy"} | {f"gradzip {s}" for s in
                                                          ("fp16", "topk:density=0.01", "stc:density=0.01", "sign",
-                                                          "qsgd:bits=4", "qsgd:bits=8")}
+                                                          "qsgd:bits=4", "qsgd:bits=8", "qsgd:bits=4,exchange=twophase",
+                                                          "qsgd:bits=4,exchange=twophase,rounds=4")}
     assert methods["gloo"]["bytes_sent"] == 400_000  # 2 ranks: the ring sends 2(P-1)/P x 4n
     assert 150_000 < methods["gradzip fp16"]["bytes_sent"] < 250_000
     assert methods["gradzip stc:density=0.01"]["bytes_sent"] < 8_000
