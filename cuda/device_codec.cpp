@@ -74,7 +74,21 @@ void queue_decode_add(CodecId codec, const uint8_t* payloads, size_t stride, con
     prefix_stride = have;
   }
   const PayloadRows rows{payloads, stride, prefixes, prefix_stride, have, &sizes};
-  if (half.queue_decode_rows && half.queue_decode_rows(rows, scale, set, out, n, errors, stream)) return;
+  if (half.queue_decode_rows) {
+    if (half.queue_decode_rows(rows, scale, set, out, n, errors, stream)) return;
+    // Rows laid out differently: one at a time, each a one-row pass (its terms scaled as
+    // the host scales them), the first setting the sum when asked to.
+    for (int r = 0; r < count; ++r) {
+      const std::vector<size_t> one = {sizes[r]};
+      const PayloadRows row{payloads + r * stride, stride, prefixes + r * prefix_stride, prefix_stride, have, &one};
+      try {
+        half.queue_decode_rows(row, scale, set && r == 0, out, n, errors + r, stream);
+      } catch (const RankPayloadError& e) {
+        throw RankPayloadError(r, e.what());
+      }
+    }
+    return;
+  }
   // Payload after payload, each read and written by its own kernels.
   float* target = out;
   if (scale != 1.0f) {

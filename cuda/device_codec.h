@@ -48,9 +48,10 @@ size_t payload_prefix_bytes(size_t stride);
 // a multiple of 8, each row `stride` bytes readable), into out[0..n) (set: into zeros;
 // out is then overwritten) in that
 // order, as the host decode_add(..., scale) of each would: codecs with a one-pass decode
-// (DeviceHalf::queue_decode_rows: sign, qsgd, identity, fp16, bf16) give those bits in one
-// kernel; the others add each payload in turn, into scratch first when scale ≠ 1 (then
-// out + scale × their sum: the same bits on every rank, not the host's). Throws
+// (DeviceHalf::queue_decode_rows: sign, qsgd, identity, fp16, bf16) give those bits, in
+// one kernel for rows laid out alike and one per row otherwise; the others add each
+// payload in turn, into scratch first when scale ≠ 1 (then out + scale × their sum: the
+// same bits on every rank, not the host's). Throws
 // RankPayloadError for the first invalid payload (checks: decode_accumulate.h).
 // `prefixes`: the rows' first payload_prefix_bytes(stride) bytes already on the host,
 // `prefix_stride` apart (the caller read them with what else it needed); null: read here.

@@ -13,21 +13,19 @@
 #include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
 #include <c10/cuda/CUDAGuard.h>
-#include <c10/cuda/CUDAStream.h>
 
+#include "aggregate/device_codec_glue.h"
 #include "device_codec.h"
 #endif
 
 namespace gradzip {
 namespace {
 
-// A state tensor about to be used by work queued on the current stream: when that is not
-// the stream it was allocated on, the caching allocator is told, so that a later
-// replacement (load_state, a new layout) does not hand its memory out while that work
-// may still read it (a no-op on its own stream, and for CPU tensors).
+// A state tensor about to be used by work queued on the current stream
+// (record_on_current_stream: CUDA tensors only).
 const at::Tensor& used_on_current_stream(const at::Tensor& t) {
 #ifdef GRADZIP_WITH_CUDA
-  if (t.defined() && t.is_cuda()) t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
+  if (t.defined() && t.is_cuda()) record_on_current_stream(t);
 #endif
   return t;
 }

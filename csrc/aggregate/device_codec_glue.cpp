@@ -194,6 +194,10 @@ class DeviceTensorCodec final : public TensorCodec {
 
 }  // namespace
 
+void record_on_current_stream(const at::Tensor& t) {
+  t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
+}
+
 std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec) {
   TORCH_CHECK(cuda::has_device_half(*codec), "gradzip: the ", codec->name(), " codec has no GPU encoder");
   return std::make_unique<DeviceTensorCodec>(std::move(codec));

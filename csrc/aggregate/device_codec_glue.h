@@ -27,6 +27,12 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
                           at::Tensor& sum, float scale = 1.0f, bool set = false, const uint8_t* prefixes = nullptr,
                           size_t prefix_stride = 0);
 
+// Tells torch's caching allocator that work queued on the current stream uses `t` (a
+// CUDA tensor): when that is not the stream `t` was allocated on, freeing or replacing
+// `t` later (a load, a new layout) then waits for that work before its memory is reused.
+// A no-op on its own stream.
+void record_on_current_stream(const at::Tensor& t);
+
 // The TensorCodec (aggregate/exchange.h) of a codec with a device half, for CUDA
 // tensors: encodes and decodes on the current stream. Decoding reads each slot's size
 // and its payload's fixed fields on the host in one small copy.

@@ -314,6 +314,9 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
     TORCH_CHECK(copy.numel() == n, "gradzip: the tensor keyed '", key, "' had ", copy.numel(),
                 " elements and now has ", n, "; a key must always name a tensor of the same size");
     if (copy.device() != device) copy = copy.to(device);  // a loaded state comes from the host
+#ifdef GRADZIP_WITH_CUDA
+    if (copy.is_cuda()) record_on_current_stream(copy);
+#endif
     return copy;
   };
 #ifdef GRADZIP_WITH_CUDA

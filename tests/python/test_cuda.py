@@ -112,11 +112,20 @@ def ranks_for_nccl():
     return [1] + ([2] if torch.cuda.device_count() >= 2 else [])
 
 
+def exchanged(spec, world):
+    """The spec, made to exchange payloads at one rank too: with one rank every exchange
+    moves 0 bytes and `exchange=auto` takes the exact all-reduce (no codec at all)."""
+    if world != 1:
+        return spec
+    return spec + (",exchange=oneshot" if ":" in spec else ":exchange=oneshot")
+
+
 @pytest.mark.parametrize("spec", ["topk:density=0.01", "stc:density=0.01", "sign", "qsgd", "sign:vote=majority"])
 @pytest.mark.parametrize("world", ranks_for_nccl())
 def test_cuda_allreduce_through_gradzip_matches_the_cpu_path(spec, world):
     # NCCL puts each rank on its own GPU: two ranks need two GPUs; one rank still runs the
-    # whole GPU path (encode, NCCL allgather, decode) against the CPU path's result.
+    # whole GPU path (encode, NCCL allgather, decode: exchanged()) against the CPU path's.
+    spec = exchanged(spec, world)
     on_gpu = run_ranks(allreduce_on, world, spec, "cuda", 3)
     on_cpu = run_ranks(allreduce_on, world, spec, "cpu", 3)
     for rank in range(world):
@@ -128,8 +137,8 @@ def test_cuda_allreduce_through_gradzip_matches_the_cpu_path(spec, world):
 @pytest.mark.parametrize("world", ranks_for_nccl())
 def test_cuda_average_through_gradzip(spec, world):
     # AVG scales each term as it is decoded; the one-pass codecs do it as the CPU does.
-    on_gpu = run_ranks(allreduce_on, world, spec, "cuda", 2, dist.ReduceOp.AVG)
-    on_cpu = run_ranks(allreduce_on, world, spec, "cpu", 2, dist.ReduceOp.AVG)
+    on_gpu = run_ranks(allreduce_on, world, exchanged(spec, world), "cuda", 2, dist.ReduceOp.AVG)
+    on_cpu = run_ranks(allreduce_on, world, exchanged(spec, world), "cpu", 2, dist.ReduceOp.AVG)
     for rank in range(world):
         assert same_bits(on_gpu[rank], on_gpu[0])
         if spec.split(":")[0] in ONE_PASS:
@@ -201,7 +210,7 @@ def ddp_through_the_backend(rank, world, spec):
 @pytest.mark.parametrize("spec", ["topk:density=0.1", "sign", "qsgd:bits=8"])
 @pytest.mark.parametrize("world", ranks_for_nccl())
 def test_ddp_through_the_gradzip_backend_on_the_gpu(spec, world):
-    results = run_ranks(ddp_through_the_backend, world, spec)
+    results = run_ranks(ddp_through_the_backend, world, exchanged(spec, world))
     params, losses = results[0]
     assert torch.isfinite(params).all() and losses[-1] < losses[0], losses
     assert all(same_bits(r[0], params) for r in results)
@@ -227,8 +236,8 @@ def allreduce_on_streams(rank, world, spec):
 
 @pytest.mark.parametrize("spec", ["topk:density=0.01", "sign", "qsgd"])
 def test_cuda_allreduce_on_a_side_stream(spec):
-    (streams,) = run_ranks(allreduce_on_streams, 1, spec)
-    (cpu,) = run_ranks(allreduce_on, 1, spec, "cpu", 4)
+    (streams,) = run_ranks(allreduce_on_streams, 1, exchanged(spec, 1))
+    (cpu,) = run_ranks(allreduce_on, 1, exchanged(spec, 1), "cpu", 4)
     assert same_bits(streams, cpu)
 
 
@@ -253,7 +262,8 @@ def test_choco_keeps_its_public_copies_on_the_gpu(spec, world):
         (gpu_x, gpu_state), (cpu_x, cpu_state) = on_gpu[rank], on_cpu[rank]
         copies = [name for name in cpu_state["tensors"] if "public_copy_" in name]
         assert copies and sorted(copies) == sorted(n for n in gpu_state["tensors"] if "public_copy_" in n)
-        # This rank's own copy takes the same decoded q as on the host: the same bits.
+        # This rank's own copy takes the same decoded q as on the host: the same bits (while
+        # x stays the same: at most one neighbour, whose consensus step rounds alike).
         own = [name for name in copies if name.endswith(f"public_copy_{rank}")]
         assert same_bits(gpu_state["tensors"][own[0]], cpu_state["tensors"][own[0]])
         assert all(gpu_state["tensors"][name].device.type == "cpu" for name in copies)  # saved on the host
@@ -261,7 +271,7 @@ def test_choco_keeps_its_public_copies_on_the_gpu(spec, world):
 
 
 def state_round_trip(rank, world):
-    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="topk:density=0.01"))
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=exchanged("topk:density=0.01", 1)))
     backend = dist.group.WORLD._get_backend(torch.device("cuda"))
     t = torch.randn(10007, device="cuda")
     dist.all_reduce(t)
