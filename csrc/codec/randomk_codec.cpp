@@ -10,7 +10,9 @@
 
 namespace gradzip {
 
-std::vector<int64_t> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
+namespace {
+
+std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
   std::vector<int64_t> chosen;
   chosen.reserve(k);
   std::unordered_set<int64_t> taken(static_cast<size_t>(k) * 2);
@@ -26,6 +28,25 @@ std::vector<int64_t> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64
   }
   std::sort(chosen.begin(), chosen.end());
   return chosen;
+}
+
+}  // namespace
+
+const std::vector<int64_t>& randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
+  thread_local struct {
+    int64_t n = -1, k = -1;
+    uint64_t seed = 0, step = 0;
+    std::vector<int64_t> chosen;
+  } last;
+  if (last.n != n || last.k != k || last.seed != seed || last.step != step) {
+    last.n = -1;  // a sampler that throws (bad_alloc) leaves no stale key behind
+    last.chosen = sample_indices(n, k, seed, step);
+    last.n = n;
+    last.k = k;
+    last.seed = seed;
+    last.step = step;
+  }
+  return last.chosen;
 }
 
 RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n) {
@@ -55,7 +76,7 @@ class RandomKCodec final : public ValueCodec {
     wire::Reader r(data, size, "randomk");
     const RandomKLayout layout = read_randomk_layout(r, n);
     const uint8_t* values = r.at(layout.values);
-    const auto chosen = randomk_indices(n, static_cast<int64_t>(layout.k), layout.seed, layout.step);
+    const auto& chosen = randomk_indices(n, static_cast<int64_t>(layout.k), layout.seed, layout.step);
     for (uint64_t j = 0; j < layout.k; ++j) {
       float v;
       std::memcpy(&v, values + 4 * j, 4);
@@ -66,7 +87,7 @@ class RandomKCodec final : public ValueCodec {
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
     const int64_t k = count_for_density(density_, n);
-    const auto chosen = randomk_indices(n, k, ctx.seed, ctx.step);
+    const auto& chosen = randomk_indices(n, k, ctx.seed, ctx.step);
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint64_t>(k);

@@ -12,8 +12,10 @@
 namespace gradzip {
 
 // The k distinct indices below n that (seed, step) choose, ascending: Floyd's sampling
-// with Philox4x32-10 numbers (on the host; the same on every rank and device).
-std::vector<int64_t> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step);
+// with Philox4x32-10 numbers (on the host; the same on every rank and device). Drawn
+// once per thread for the same arguments in a row (a decode of P ranks' payloads of one
+// step draws once, not P times): the vector is valid until this thread's next call.
+const std::vector<int64_t>& randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step);
 
 struct RandomKLayout {
   uint64_t k, seed, step;

@@ -258,6 +258,37 @@ TEST(CodecTest, RandomKPicksTheSameElementsOnEveryRank) {
   EXPECT_EQ(chosen, 100);
 }
 
+// The entries are drawn once for the same arguments in a row: payloads of other steps,
+// seeds, densities and sizes, each encoded and decoded in between, still get entries of
+// their own (not the last ones drawn), and the same arguments the same entries again.
+TEST(CodecTest, RandomKEntriesFollowEveryArgument) {
+  const auto x = random_input(5000, 8);
+  const auto entries = [&](const char* spec, int64_t n, EncodeContext ctx, int64_t k) {
+    const std::vector<float> head(x.begin(), x.begin() + n);
+    const auto decoded = decode(encode(spec, head, nullptr, ctx), n);
+    std::vector<int64_t> chosen;
+    for (int64_t i = 0; i < n; ++i) {
+      if (decoded[i] == 0.0f) continue;
+      chosen.push_back(i);
+      EXPECT_FLOAT_EQ(decoded[i], head[i] * static_cast<float>(static_cast<double>(n) / k)) << spec << " " << i;
+    }
+    EXPECT_EQ(static_cast<int64_t>(chosen.size()), k) << spec;
+    return chosen;
+  };
+  std::vector<std::vector<int64_t>> first;
+  for (int round = 0; round < 2; ++round) {
+    const std::vector<std::vector<int64_t>> drawn = {
+        entries("randomk:density=0.02", 5000, {9, 4, 0}, 100), entries("randomk:density=0.02", 5000, {9, 5, 0}, 100),
+        entries("randomk:density=0.02", 5000, {8, 5, 0}, 100), entries("randomk:density=0.03", 5000, {8, 5, 0}, 150),
+        entries("randomk:density=0.03", 4000, {8, 5, 0}, 120)};
+    for (size_t a = 0; a < drawn.size(); ++a) {
+      for (size_t b = 0; b < a; ++b) EXPECT_NE(drawn[a], drawn[b]) << a << " " << b;
+    }
+    if (round == 0) first = drawn;
+    EXPECT_EQ(drawn, first);
+  }
+}
+
 TEST(CodecTest, QsgdIsUnbiasedWithinItsVarianceBound) {
   const int64_t n = 512;
   const auto x = random_input(n, 9);
