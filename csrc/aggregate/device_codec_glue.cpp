@@ -166,6 +166,7 @@ class DeviceTensorCodec final : public TensorCodec {
     const int rows = static_cast<int>(targets.size());
     const SlotHeads heads(slots, stride, rows);
     const at::Device device = slots.device();
+    const c10::cuda::CUDAGuard guard(device);
     const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(device.index());
     TorchArena arena(device);
     int* errors = cuda::decode_checks(rows, arena, stream);
