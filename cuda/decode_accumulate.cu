@@ -213,6 +213,17 @@ __global__ void __launch_bounds__(kThreads)
   out[i] += ((signs[j / 8] >> (j % 8)) & 1) ? mu : -mu;
 }
 
+// Compact top-k: entry j's 16-bit value (at an unaligned offset) added at position j.
+__global__ void __launch_bounds__(kThreads)
+    compact_add(const int64_t* indices, const uint8_t* values, bool fp16, int64_t k, float* out, int64_t n,
+                const int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k || *error) return;
+  const int64_t i = indices[j];
+  if (i < 0 || i >= n) return;  // unreachable for a payload that passed; kept as the bound of every write
+  out[i] += math::compact_value(static_cast<uint16_t>(load_le(values + 2 * j, 2)), fp16);
+}
+
 // Element i's term of a sign payload, scaled as the host decoder scales it.
 __device__ __forceinline__ float sign_term(const float* scales, const uint32_t* bits, uint32_t block, float scale,
                                            int64_t i) {
@@ -392,16 +403,19 @@ void add_topk(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k,
   check_launch("topk_add");
 }
 
-size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes, bool bitmap) {
+size_t positions_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes, bool bitmap) {
   return StcScratch(nullptr, n, k, position_bytes, bitmap).total;
 }
 
-void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
-             int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream) {
-  const StcScratch s(scratch, n, k, position_bytes, bitmap);
+namespace {
+
+// The k positions into the scratch's indices (bitmap or Golomb-Rice); they are valid
+// where *error stays 0. False when there is nothing to add (k = 0).
+bool decode_positions(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, int64_t k,
+                      int64_t n, int* error, const StcScratch& s, cudaStream_t stream) {
   if (bitmap) {
     const int64_t words = (n + 31) / 32;
-    if (words == 0) return;  // n = 0, so k = 0
+    if (words == 0) return false;  // n = 0, so k = 0
     bitmap_counts<<<blocks_for(words, kThreads), kThreads, 0, stream>>>(positions, n, words, s.counts);
     check_launch("bitmap_counts");
     size_t bytes = s.cub_bytes;
@@ -414,9 +428,26 @@ void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int
   } else if (k > 0) {  // k = 0: the host checked that no position bytes are left over
     decode_golomb(positions, position_bytes, golomb_parameter, k, n, error, s, stream);
   }
-  if (k <= 0) return;
+  return k > 0;
+}
+
+}  // namespace
+
+void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
+             int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream) {
+  const StcScratch s(scratch, n, k, position_bytes, bitmap);
+  if (!decode_positions(positions, position_bytes, bitmap, golomb_parameter, k, n, error, s, stream)) return;
   stc_add<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(s.indices, signs, k, mu, out, n, error);
   check_launch("stc_add");
+}
+
+void add_compact_topk(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter,
+                      const uint8_t* values, bool fp16, int64_t k, float* out, int64_t n, int* error, void* scratch,
+                      cudaStream_t stream) {
+  const StcScratch s(scratch, n, k, position_bytes, bitmap);
+  if (!decode_positions(positions, position_bytes, bitmap, golomb_parameter, k, n, error, s, stream)) return;
+  compact_add<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(s.indices, values, fp16, k, out, n, error);
+  check_launch("compact_add");
 }
 
 void add_sign(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n, cudaStream_t stream) {

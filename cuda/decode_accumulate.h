@@ -27,12 +27,16 @@ constexpr int kBadIndex = 1, kBadPositions = 2, kBadLevel = 4;
 void add_topk(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
               int* error, cudaStream_t stream);
 
-// Scratch for the STC decoder of one payload: k indices, and the bitmap's per-word ranks
-// or the Golomb decoder's segment tables (sized for any parameter b <= 40) and per-code
-// arrays.
-size_t stc_decode_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes, bool bitmap);
+// Scratch for the position decoder of one payload (stc, compact topk): k indices, and
+// the bitmap's per-word ranks or the Golomb decoder's segment tables (sized for any
+// parameter b <= 40) and per-code arrays.
+size_t positions_scratch_bytes(int64_t n, int64_t k, uint64_t position_bytes, bool bitmap);
 void add_stc(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter, const uint8_t* signs,
              int64_t k, float mu, float* out, int64_t n, int* error, void* scratch, cudaStream_t stream);
+// Compact top-k (values=fp16|bf16): the same positions, then k 2-byte values.
+void add_compact_topk(const uint8_t* positions, uint64_t position_bytes, bool bitmap, int golomb_parameter,
+                      const uint8_t* values, bool fp16, int64_t k, float* out, int64_t n, int* error, void* scratch,
+                      cudaStream_t stream);
 
 void add_sign(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n, cudaStream_t stream);
 

@@ -33,6 +33,10 @@ struct StcPlan {
 };
 size_t stc_scratch_bytes(int64_t n, int64_t count);
 StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch, cudaStream_t stream);
+// The positions section alone (plan.position_bytes at `out`), as write_stc_payload()
+// writes it: compact topk codes its positions the same way (codec/position_coding.h).
+void write_positions_on_device(const StcPlan& plan, int64_t n, const int64_t* indices, int64_t count, uint8_t* out,
+                               void* scratch, cudaStream_t stream);
 void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int64_t* indices, int64_t count,
                        float* residual, uint8_t* payload, void* scratch, cudaStream_t stream);
 

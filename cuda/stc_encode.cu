@@ -153,6 +153,24 @@ StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch
   return plan;
 }
 
+void write_positions_on_device(const StcPlan& plan, int64_t n, const int64_t* indices, int64_t count, uint8_t* out,
+                               void* scratch, cudaStream_t stream) {
+  if (count <= 0) return;
+  const Scratch s(scratch, n, count);
+  const size_t words = (plan.position_bytes + 3) / 4;
+  check(cudaMemsetAsync(s.positions, 0, 4 * words, stream), "clearing the positions");
+  if (plan.bitmap) {
+    mark_bitmap<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, s.positions);
+    check_launch("mark_bitmap");
+  } else {
+    write_golomb_codes<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, s.code_starts, count,
+                                                                             plan.golomb_parameter, s.positions);
+    check_launch("write_golomb_codes");
+  }
+  check(cudaMemcpyAsync(out, s.positions, plan.position_bytes, cudaMemcpyDeviceToDevice, stream),
+        "copying the positions");
+}
+
 void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int64_t* indices, int64_t count,
                        float* residual, uint8_t* payload, void* scratch, cudaStream_t stream) {
   const Scratch s(scratch, n, count);
@@ -171,19 +189,7 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
   stc_mean<<<1, 1, 0, stream>>>(s.lanes, count, mu);
   check_launch("stc_mean");
   if (count <= 0) return;
-
-  const size_t words = (plan.position_bytes + 3) / 4;
-  check(cudaMemsetAsync(s.positions, 0, 4 * words, stream), "clearing the positions");
-  if (plan.bitmap) {
-    mark_bitmap<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, count, s.positions);
-    check_launch("mark_bitmap");
-  } else {
-    write_golomb_codes<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(indices, s.code_starts, count,
-                                                                             plan.golomb_parameter, s.positions);
-    check_launch("write_golomb_codes");
-  }
-  check(cudaMemcpyAsync(payload + kFixedBytes, s.positions, plan.position_bytes, cudaMemcpyDeviceToDevice, stream),
-        "copying the positions");
+  write_positions_on_device(plan, n, indices, count, payload + kFixedBytes, scratch, stream);
   stc_signs<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(u, indices, count, mu, s.signs, residual);
   check_launch("stc_signs");
   check(cudaMemcpyAsync(payload + kFixedBytes + plan.position_bytes, s.signs, wire::bytes_for_bits(count),
@@ -215,7 +221,7 @@ void stc_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t
   const auto k = static_cast<int64_t>(layout.k);
   // Payloads decode one after the other on the stream: one scratch serves them all.
   void* scratch =
-      arena.reusable(cuda::stc_decode_scratch_bytes(n, k, layout.positions.bytes.bytes, layout.positions.bitmap));
+      arena.reusable(cuda::positions_scratch_bytes(n, k, layout.positions.bytes.bytes, layout.positions.bitmap));
   cuda::add_stc(payload + layout.positions.bytes.offset, layout.positions.bytes.bytes, layout.positions.bitmap,
                 layout.positions.golomb_parameter,
                 payload + layout.signs.offset, k, layout.mu, out, n, error, scratch, stream);

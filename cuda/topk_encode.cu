@@ -1,5 +1,7 @@
 // topk payload on the GPU: the fixed fields from the host, then one thread per chosen
 // entry writes its index and value bytes (at unaligned offsets) and clears its residual.
+// Compact payloads (values=fp16|bf16) code the positions as STC does (stc_encode.cu) and
+// write 16-bit values, leaving the residual u − what they decode to.
 #include "codec/wire.h"
 #include "cuda_check.h"
 #include "codec/element_math.cuh"
@@ -27,6 +29,24 @@ __global__ void __launch_bounds__(kThreads)
   store_le(value_bytes + 4 * j, math::float_bits(v), 4);
   if (residual) residual[i] = v + -v;  // what decode_add(−1) leaves: u − u (NaN stays NaN)
 }
+
+// Compact payloads (values=fp16|bf16): entry j's value in 16 bits at an unaligned offset,
+// saturating as the host's; the residual u + (−1 · what it decodes to).
+__global__ void __launch_bounds__(kThreads)
+    write_compact_values(const float* u, const int64_t* indices, int64_t count, bool fp16, uint8_t* values,
+                         float* residual) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= count) return;
+  const int64_t i = indices[j];
+  const float v = u[i];
+  const uint16_t bits = math::compact_value_bits(v, fp16);
+  store_le(values + 2 * j, bits, 2);
+  if (residual) residual[i] = v + -1.0f * math::compact_value(bits, fp16);
+}
+
+// The fixed part of a compact payload: header, k, 0 (no index width), the value type,
+// the positions' coding, b and byte count.
+constexpr size_t kCompactFixedBytes = kPayloadHeaderBytes + 8 + 1 + 1 + 1 + 1 + 8;
 
 }  // namespace
 
@@ -59,9 +79,39 @@ void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64
 namespace gradzip {
 namespace {
 
+// Compact: the positions coded as STC codes them (one stream synchronization for their
+// length), then the 16-bit values.
+DevicePayload compact_device_encode(const CodecParameters& codec, const cuda::Selection& chosen, int64_t n,
+                                    float* residual, DeviceArena& arena, cudaStream_t stream) {
+  void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
+  const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
+  DevicePayload payload;
+  payload.size = cuda::kCompactFixedBytes + plan.position_bytes + 2 * static_cast<size_t>(chosen.count);
+  payload.data = cuda::payload_memory(arena, payload.size);
+  std::vector<uint8_t> fields;
+  wire::Writer w(fields);
+  w.header(CodecId::kTopK, static_cast<uint64_t>(n));
+  w.put<uint64_t>(static_cast<uint64_t>(chosen.count));
+  w.put<uint8_t>(0);
+  w.put<uint8_t>(static_cast<uint8_t>(codec.values));
+  w.put<uint8_t>(plan.bitmap ? kBitmapPositions : kGolombPositions);
+  w.put<uint8_t>(static_cast<uint8_t>(plan.golomb_parameter));
+  w.put<uint64_t>(plan.position_bytes);
+  cuda::write_fixed_fields(payload.data, fields, stream);
+  if (chosen.count <= 0) return payload;
+  cuda::write_positions_on_device(plan, n, chosen.indices, chosen.count, payload.data + cuda::kCompactFixedBytes,
+                                  scratch, stream);
+  cuda::write_compact_values<<<cuda::blocks_for(chosen.count, cuda::kThreads), cuda::kThreads, 0, stream>>>(
+      chosen.u, chosen.indices, chosen.count, codec.values == ValueType::kFp16,
+      payload.data + cuda::kCompactFixedBytes + plan.position_bytes, residual);
+  cuda::check_launch("write_compact_values");
+  return payload;
+}
+
 DevicePayload topk_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
   const cuda::Selection chosen = cuda::select_on_device(codec, x, n, residual, arena, stream);
+  if (codec.values != ValueType::kFp32) return compact_device_encode(codec, chosen, n, residual, arena, stream);
   DevicePayload payload;
   payload.size = cuda::topk_payload_bytes(n, chosen.count);
   payload.data = cuda::payload_memory(arena, payload.size);
@@ -70,20 +120,25 @@ DevicePayload topk_device_encode(const CodecParameters& codec, const float* x, i
 }
 
 void topk_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
-                            int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
+                            int64_t n, int* error, DeviceArena& arena, cudaStream_t stream) {
   wire::Reader r(prefix, have, size, "topk");
   const TopKLayout layout = read_topk_layout(r, n);
-  if (layout.value_type != ValueType::kFp32) r.fail("compact payloads (coded positions) decode on the host");
-  cuda::add_topk(payload + layout.indices.offset, payload + layout.values.offset, static_cast<int64_t>(layout.k),
-                 layout.width, out, n, error, stream);
+  const auto k = static_cast<int64_t>(layout.k);
+  if (layout.value_type == ValueType::kFp32) {
+    cuda::add_topk(payload + layout.indices.offset, payload + layout.values.offset, k, layout.width, out, n, error,
+                   stream);
+    return;
+  }
+  const PositionLayout& positions = layout.positions;
+  // Payloads decode one after the other on the stream: one scratch serves them all.
+  void* scratch = arena.reusable(cuda::positions_scratch_bytes(n, k, positions.bytes.bytes, positions.bitmap));
+  cuda::add_compact_topk(payload + positions.bytes.offset, positions.bytes.bytes, positions.bitmap,
+                         positions.golomb_parameter, payload + layout.values.offset,
+                         layout.value_type == ValueType::kFp16, k, out, n, error, scratch, stream);
 }
-
-// The kernels write and read fp32 values with indices; compact payloads (values=fp16|bf16)
-// are the host codec's.
-bool topk_device_accepts(const CodecParameters& codec) { return codec.values == ValueType::kFp32; }
 
 }  // namespace
 
-const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add, topk_device_accepts, nullptr};
+const DeviceHalf kTopKDevice = {topk_device_encode, topk_device_decode_add, nullptr, nullptr};
 
 }  // namespace gradzip

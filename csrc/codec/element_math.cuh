@@ -80,6 +80,16 @@ GZ_HD uint16_t float_to_bf16(float x) {
 
 GZ_HD float bf16_to_float(uint16_t b) { return bits_float(static_cast<uint32_t>(b) << 16); }
 
+// Compact top-k's 16-bit values (fp16, else bf16): finite values saturate at the type's
+// largest (fp16 65504, bf16 0x7F7F) instead of becoming Inf, as std::clamp does (NaN
+// passes through); error feedback keeps the rest.
+GZ_HD uint16_t compact_value_bits(float v, bool fp16) {
+  const float largest = fp16 ? 65504.0f : 3.38953139e38f;
+  const float clamped = v < -largest ? -largest : largest < v ? largest : v;
+  return fp16 ? float_to_half(clamped) : float_to_bf16(clamped);
+}
+GZ_HD float compact_value(uint16_t bits, bool fp16) { return fp16 ? half_to_float(bits) : bf16_to_float(bits); }
+
 // Philox4x32-10 (Salmon et al., SC'11): four 32-bit random words from a 128-bit
 // counter and a 64-bit key. Counter-based, so any element's numbers can be made
 // anywhere, in any order, on the CPU or the GPU alike.

@@ -34,16 +34,9 @@ TopKLayout read_topk_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-// Finite values saturate at the type's largest (fp16: 65504) instead of becoming Inf:
-// error feedback keeps the rest.
-uint16_t to_wire(ValueType type, float v) {
-  if (type == ValueType::kFp16) return math::float_to_half(std::clamp(v, -65504.0f, 65504.0f));
-  constexpr float kBf16Max = 3.38953139e38f;  // 0x7F7F
-  return math::float_to_bf16(std::clamp(v, -kBf16Max, kBf16Max));
-}
-float from_wire(ValueType type, uint16_t v) {
-  return type == ValueType::kFp16 ? math::half_to_float(v) : math::bf16_to_float(v);
-}
+// The element math's, shared with the CUDA encoder (saturating, not Inf).
+uint16_t to_wire(ValueType type, float v) { return math::compact_value_bits(v, type == ValueType::kFp16); }
+float from_wire(ValueType type, uint16_t v) { return math::compact_value(v, type == ValueType::kFp16); }
 
 class TopKCodec final : public SelectionCodec {
  public:

@@ -144,7 +144,8 @@ const char* const kSpecs[] = {
     "qsgd", "qsgd:bits=8",       "qsgd:levels=5,bucket=100", "qsgd:norm=max,bits=3", "qsgd:bits=16,bucket=1024",
     "qsgd:bucket=1024", "identity", "fp16", "bf16",
     "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest",
-    "randomk:density=0.01", "randomk:density=0.3,unbiased=0", "randomk:density=1"};
+    "randomk:density=0.01", "randomk:density=0.3,unbiased=0", "randomk:density=1",
+    "topk:density=0.01,values=fp16", "topk:density=0.3,values=bf16", "topk:density=0.01,values=fp16,approx=1"};
 
 // Sizes on both sides of warp (32), block (256, 1024) and word boundaries, and a grid of
 // thousands of blocks. GRADZIP_CUDA_TEST_QUICK (compute-sanitizer's runs) stops at 100003.
@@ -170,7 +171,8 @@ TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {
 }
 
 TEST_F(CudaKernelsTest, EncodersAgreeOnZerosReluDenormalsAndNonFiniteValues) {
-  const std::vector<std::string> raw = {"topk:density=0.01", "topk:density=0.3", "identity", "fp16", "bf16"};
+  const std::vector<std::string> raw = {"topk:density=0.01", "topk:density=0.3", "identity", "fp16", "bf16",
+                                        "topk:density=0.01,values=fp16", "topk:density=0.3,values=bf16"};
   for (const char* text : kSpecs) {
     const bool sends_raw = std::find(raw.begin(), raw.end(), text) != raw.end();
     for (int64_t n : {int64_t{33}, int64_t{4099}, int64_t{100003}}) {

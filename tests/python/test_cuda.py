@@ -19,7 +19,8 @@ SPECS = ["topk:density=0.01", "topk:density=0.001", "topk:density=0.01,approx=1"
          "stc:density=0.000000001", "sign", "sign:block=100", "sign:block=0", "sign:block=1024",
          "sign:vote=majority", "qsgd", "qsgd:bits=8", "qsgd:levels=5,bucket=100", "qsgd:norm=max",
          "qsgd:bits=16,bucket=1024", "identity", "fp16", "bf16", "uniform", "uniform:threshold=0",
-         "uniform:threshold=0,rounding=nearest", "randomk:density=0.01", "randomk:density=0.3,unbiased=0"]
+         "uniform:threshold=0,rounding=nearest", "randomk:density=0.01", "randomk:density=0.3,unbiased=0",
+         "topk:density=0.01,values=fp16", "topk:density=0.3,values=bf16,approx=1"]
 # Both sides of warp, block and word boundaries, and a grid of thousands of blocks.
 SIZES = [0, 1, 7, 31, 32, 33, 1023, 1025, 4099, (1 << 20) + 7]
 # Their payloads hold one term per element: all ranks' payloads decode in one pass, each
