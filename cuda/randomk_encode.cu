@@ -39,10 +39,10 @@ __global__ void __launch_bounds__(kThreads)
 // The entries (seed, step) choose, in device memory from `arena`.
 const int64_t* indices_on_device(int64_t n, int64_t k, uint64_t seed, uint64_t step, DeviceArena& arena,
                                  cudaStream_t stream) {
-  const std::vector<int64_t>& chosen = randomk_indices(n, k, seed, step);
+  const auto chosen = randomk_indices(n, k, seed, step);
   auto* indices = static_cast<int64_t*>(arena.allocate(sizeof(int64_t) * std::max<int64_t>(k, 1)));
   if (k > 0) {
-    check(cudaMemcpyAsync(indices, chosen.data(), sizeof(int64_t) * k, cudaMemcpyHostToDevice, stream),
+    check(cudaMemcpyAsync(indices, chosen->data(), sizeof(int64_t) * k, cudaMemcpyHostToDevice, stream),
           "copying the random-k entries");
   }
   return indices;

@@ -32,21 +32,20 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t k, uint64_t seed, uint64_
 
 }  // namespace
 
-const std::vector<int64_t>& randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
+std::shared_ptr<const std::vector<int64_t>> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step) {
   thread_local struct {
     int64_t n = -1, k = -1;
     uint64_t seed = 0, step = 0;
-    std::vector<int64_t> chosen;
+    std::shared_ptr<const std::vector<int64_t>> chosen;
   } last;
-  if (last.n != n || last.k != k || last.seed != seed || last.step != step) {
-    last.n = -1;  // a sampler that throws (bad_alloc) leaves no stale key behind
-    last.chosen = sample_indices(n, k, seed, step);
-    last.n = n;
-    last.k = k;
-    last.seed = seed;
-    last.step = step;
-  }
-  return last.chosen;
+  if (last.chosen && last.n == n && last.k == k && last.seed == seed && last.step == step) return last.chosen;
+  auto chosen = std::make_shared<const std::vector<int64_t>>(sample_indices(n, k, seed, step));
+  last.chosen = k <= kKeptRandomKEntries ? chosen : nullptr;
+  last.n = n;
+  last.k = k;
+  last.seed = seed;
+  last.step = step;
+  return chosen;
 }
 
 RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n) {
@@ -76,7 +75,8 @@ class RandomKCodec final : public ValueCodec {
     wire::Reader r(data, size, "randomk");
     const RandomKLayout layout = read_randomk_layout(r, n);
     const uint8_t* values = r.at(layout.values);
-    const auto& chosen = randomk_indices(n, static_cast<int64_t>(layout.k), layout.seed, layout.step);
+    const auto entries = randomk_indices(n, static_cast<int64_t>(layout.k), layout.seed, layout.step);
+    const std::vector<int64_t>& chosen = *entries;
     for (uint64_t j = 0; j < layout.k; ++j) {
       float v;
       std::memcpy(&v, values + 4 * j, 4);
@@ -87,7 +87,8 @@ class RandomKCodec final : public ValueCodec {
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
     const int64_t k = count_for_density(density_, n);
-    const auto& chosen = randomk_indices(n, k, ctx.seed, ctx.step);
+    const auto entries = randomk_indices(n, k, ctx.seed, ctx.step);
+    const std::vector<int64_t>& chosen = *entries;
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint64_t>(k);

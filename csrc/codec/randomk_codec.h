@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "codec/codec_record.h"
@@ -12,10 +13,12 @@
 namespace gradzip {
 
 // The k distinct indices below n that (seed, step) choose, ascending: Floyd's sampling
-// with Philox4x32-10 numbers (on the host; the same on every rank and device). Drawn
-// once per thread for the same arguments in a row (a decode of P ranks' payloads of one
-// step draws once, not P times): the vector is valid until this thread's next call.
-const std::vector<int64_t>& randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step);
+// with Philox4x32-10 numbers (on the host; the same on every rank and device). Each
+// thread keeps the last draw of at most kKeptRandomKEntries entries, so that the same
+// arguments in a row (a decode of P ranks' payloads of one step) draw once, not P times;
+// larger draws are not kept (their memory goes with the last holder).
+constexpr int64_t kKeptRandomKEntries = int64_t{1} << 23;  // 64 MB of indices
+std::shared_ptr<const std::vector<int64_t>> randomk_indices(int64_t n, int64_t k, uint64_t seed, uint64_t step);
 
 struct RandomKLayout {
   uint64_t k, seed, step;

@@ -61,10 +61,11 @@ std::vector<float> random_input(int64_t n, uint32_t seed, bool ties = false) {
 
 // Inputs that reach the corners of the kernels: every element a signed zero; a ReLU
 // output (half exact zeros, ties at 0); denormals among normal values; ±Inf and NaN
-// (for the codecs that send values raw or cast, whose bytes are defined for them). The
+// and values past fp16's range or near float's largest (for the codecs that send values
+// raw or cast, whose bytes are defined for them: no sums that overflow). The
 // NaN is 0x7fffffff, CUDA's own: x86 arithmetic passes an operand's NaN on and CUDA's
 // returns that one, so u = residual + x and the payloads that carry u match bit for bit.
-enum class Corner { kZeros, kRelu, kDenormals, kNonFinite };
+enum class Corner { kZeros, kRelu, kDenormals, kNonFinite, kExtremes };
 const float kCudaNan = std::bit_cast<float>(uint32_t{0x7fffffff});
 
 std::vector<float> corner_input(int64_t n, Corner corner, uint32_t seed) {
@@ -77,6 +78,11 @@ std::vector<float> corner_input(int64_t n, Corner corner, uint32_t seed) {
       case Corner::kNonFinite:
         if (i % 7 == 1) x[i] = i % 2 ? INFINITY : -INFINITY;
         if (i % 11 == 3) x[i] = kCudaNan;
+        break;
+      case Corner::kExtremes:  // past fp16's 65504, near float's largest, fp16 subnormals
+        if (i % 5 == 0) x[i] *= 1e5f;
+        if (i % 5 == 1) x[i] = i % 2 ? 3.4e38f : -3.4e38f;
+        if (i % 5 == 2) x[i] *= 3e-5f;
         break;
     }
   }
@@ -145,7 +151,8 @@ const char* const kSpecs[] = {
     "qsgd:bucket=1024", "identity", "fp16", "bf16",
     "uniform",           "uniform:threshold=0", "uniform:threshold=0,rounding=nearest",
     "randomk:density=0.01", "randomk:density=0.3,unbiased=0", "randomk:density=1",
-    "topk:density=0.01,values=fp16", "topk:density=0.3,values=bf16", "topk:density=0.01,values=fp16,approx=1"};
+    "topk:density=0.01,values=fp16", "topk:density=0.3,values=fp16", "topk:density=0.3,values=bf16",
+    "topk:density=0.01,values=fp16,approx=1"};
 
 // Sizes on both sides of warp (32), block (256, 1024) and word boundaries, and a grid of
 // thousands of blocks. GRADZIP_CUDA_TEST_QUICK (compute-sanitizer's runs) stops at 100003.
@@ -172,12 +179,13 @@ TEST_F(CudaKernelsTest, EncodersWriteTheCpuBytesAndResiduals) {
 
 TEST_F(CudaKernelsTest, EncodersAgreeOnZerosReluDenormalsAndNonFiniteValues) {
   const std::vector<std::string> raw = {"topk:density=0.01", "topk:density=0.3", "identity", "fp16", "bf16",
-                                        "topk:density=0.01,values=fp16", "topk:density=0.3,values=bf16"};
+                                        "topk:density=0.01,values=fp16", "topk:density=0.3,values=fp16",
+                                        "topk:density=0.3,values=bf16"};
   for (const char* text : kSpecs) {
     const bool sends_raw = std::find(raw.begin(), raw.end(), text) != raw.end();
     for (int64_t n : {int64_t{33}, int64_t{4099}, int64_t{100003}}) {
-      for (Corner corner : {Corner::kZeros, Corner::kRelu, Corner::kDenormals, Corner::kNonFinite}) {
-        if (corner == Corner::kNonFinite && !sends_raw) continue;
+      for (Corner corner : {Corner::kZeros, Corner::kRelu, Corner::kDenormals, Corner::kNonFinite, Corner::kExtremes}) {
+        if ((corner == Corner::kNonFinite || corner == Corner::kExtremes) && !sends_raw) continue;
         for (bool feedback : {false, true}) {
           ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, corner_input(n, corner, 17), feedback,
                                                         "corner " + std::to_string(static_cast<int>(corner))));
@@ -292,12 +300,19 @@ TEST_F(CudaKernelsTest, BitOffsetsBeyond2To31) {
 TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
   const int64_t n = 1000;
   const auto x = random_input(n, 5);
-  for (const char* text : {"topk:density=0.05", "stc:density=0.05", "qsgd:levels=5", "sign"}) {
+  for (const char* text :
+       {"topk:density=0.05", "stc:density=0.05", "qsgd:levels=5", "sign", "topk:density=0.05,values=fp16"}) {
     const Spec spec = parse_spec(text);
     std::vector<uint8_t> good, bad;
     make_codec(spec)->encode(x.data(), n, nullptr, {}, good);
     bad = good;
-    if (spec.name == "topk") std::swap(bad[25], bad[29]);  // the first two indices out of order
+    const bool compact = std::string(text).find("values=fp16") != std::string::npos;
+    if (spec.name == "topk" && !compact) std::swap(bad[25], bad[29]);  // the first two indices out of order
+    if (compact) {  // every position bit a one: a Golomb run past the tensor
+      uint64_t position_bytes;
+      std::memcpy(&position_bytes, bad.data() + 28, 8);
+      std::fill(bad.begin() + 36, bad.begin() + 36 + static_cast<int64_t>(position_bytes), uint8_t{0xff});
+    }
     if (spec.name == "stc") {  // every position bit a one: a Golomb run past the tensor
       uint64_t position_bytes;
       std::memcpy(&position_bytes, bad.data() + 30, 8);
