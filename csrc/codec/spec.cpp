@@ -192,7 +192,6 @@ void SpecKey::check(const Spec& spec) const {
 void check_keys(const Spec& spec, const std::vector<SpecKey>& keys, const std::string& what) {
   for (const auto& entry : spec.params) {
     const std::string& key = entry.first;
-    const std::string& value = entry.second;
     auto it = std::find_if(keys.begin(), keys.end(), [&](const SpecKey& k) { return k.name == key; });
     if (it == keys.end()) {
       std::vector<std::string> names;
