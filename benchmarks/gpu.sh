@@ -5,49 +5,100 @@
 # kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/) and, with
 # two GPUs or more, the end-to-end all_reduce against NCCL (benchmarks/cuda_allreduce.py).
 #
-#   benchmarks/gpu.sh            # the full benchmark (1M, 10M, 100M elements)
-#   benchmarks/gpu.sh --quick    # smaller sizes
-set -euo pipefail
+#   benchmarks/gpu.sh                          # everything (kernels at 1M, 10M, 100M elements)
+#   benchmarks/gpu.sh --quick                  # smaller sizes
+#   benchmarks/gpu.sh --only test,sanitize     # some stages (after a build): build, test,
+#                                              # sanitize, kernels, allreduce
+#
+# A failing stage does not stop the later ones (a first run should tell everything at
+# once); the summary at the end names every stage that failed, and the exit status is 1
+# if any did. Only a failed build stops the run. A machine that limits each command's
+# time can run the stages one --only at a time: the build stays in build/.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 
-make deps
+quick=()
+stages=build,test,sanitize,kernels,allreduce
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=(--quick) ;;
+    --only) stages=$2; shift ;;
+    *) echo "gpu.sh: unknown argument '$1' (--quick, --only STAGE[,STAGE...])"; exit 2 ;;
+  esac
+  shift
+done
+wanted() { [[ ",$stages," == *",$1,"* ]]; }
+
+failed=()
+# Runs "$@" as the step named $1 of a stage; a failure is recorded, not fatal.
+step() {
+  local name=$1
+  shift
+  echo "=== gpu.sh: $name"
+  if "$@"; then echo "=== gpu.sh: $name: ok"; else echo "=== gpu.sh: $name: FAILED"; failed+=("$name"); fi
+}
+
 # nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them.
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; exit 1; }
 PYTHON=${GRADZIP_VENV:-$PWD/.venv}/bin/python
-"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")'
 
-# The build, with the CUDA kernels required (configure fails without nvcc).
-rm -f build/.installed
-GRADZIP_CUDA=ON make build
-# Recompile the kernels verbosely to keep ptxas's report (registers, spills, smem).
-touch cuda/*.cu
-cmake --build build -v 2>&1 | tee build/ptxas.log >/dev/null
-"$PYTHON" scripts/ptxas_report.py build/ptxas.log
+if wanted build; then
+  make deps || { echo "gpu.sh: make deps failed"; exit 1; }
+  command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; exit 1; }
+  # The build, with the CUDA kernels required (configure fails without nvcc).
+  rm -f build/.installed
+  GRADZIP_CUDA=ON make build || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
+  # Recompile the kernels verbosely to keep ptxas's report (registers, spills, smem).
+  touch cuda/*.cu
+  cmake --build build -v 2>&1 | tee build/ptxas.log >/dev/null
+  step "ptxas report" "$PYTHON" scripts/ptxas_report.py build/ptxas.log
+fi
+"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")' || exit 1
 
-ctest --test-dir build --output-on-failure
-skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | grep -c '^\[  SKIPPED \]' || true)
-[ "$skipped" = 0 ] || { echo "gpu.sh: GPU GoogleTests skipped on a GPU machine"; exit 1; }
-"$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log
-! grep -q "skipped" build/test_cuda.log || { echo "gpu.sh: GPU pytest cases skipped on a GPU machine"; exit 1; }
+gtest_without_skips() {
+  local skipped
+  skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | tee build/gtest_cuda.log |
+            grep -c '^\[  SKIPPED \]' || true)
+  grep -q '^\[  PASSED  \]' build/gtest_cuda.log && ! grep -q '^\[  FAILED  \]' build/gtest_cuda.log &&
+    [ "$skipped" = 0 ]
+}
+pytest_without_skips() {
+  "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log && ! grep -q "skipped" build/test_cuda.log
+}
+if wanted test; then
+  step "ctest" ctest --test-dir build --output-on-failure
+  step "GPU GoogleTests, none skipped" gtest_without_skips
+  step "tests/python/test_cuda.py, none skipped" pytest_without_skips
+fi
 
 # Every GPU GoogleTest under each of compute-sanitizer's tools (sizes up to 100003, the
-# slowed-down kernels' budget); any report fails the run.
-for tool in memcheck racecheck synccheck; do
-  GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests \
-    --gtest_filter='CudaKernelsTest.*'
-done
+# slowed-down kernels' budget); any report fails the step.
+if wanted sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    step "compute-sanitizer $tool" env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
+  done
+fi
 
 # The kernels' table; it exits non-zero after printing when a target is missed.
-kernels=0
-"$PYTHON" benchmarks/cuda_kernels.py "$@" || kernels=$?
+if wanted kernels; then
+  step "benchmarks/cuda_kernels.py (targets met)" "$PYTHON" benchmarks/cuda_kernels.py "${quick[@]}"
+fi
 
 # End to end: one rank per GPU (NCCL cannot put two ranks on one GPU).
-gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
-if [ "$gpus" -ge 2 ]; then
-  quick=(); [ "${1:-}" = --quick ] && quick=(--numel 4000000)
-  "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node "$gpus" benchmarks/cuda_allreduce.py "${quick[@]}"
-else
-  echo "gpu.sh: one GPU: no end-to-end all_reduce table (benchmarks/cuda_allreduce.py needs a GPU per rank)"
+if wanted allreduce; then
+  gpus=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())')
+  if [ "$gpus" -ge 2 ]; then
+    numel=(); [ ${#quick[@]} -gt 0 ] && numel=(--numel 4000000)
+    step "benchmarks/cuda_allreduce.py" "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node "$gpus" \
+      benchmarks/cuda_allreduce.py "${numel[@]}"
+  else
+    echo "gpu.sh: one GPU: no end-to-end all_reduce table (benchmarks/cuda_allreduce.py needs a GPU per rank)"
+  fi
 fi
-exit "$kernels"
+
+if [ ${#failed[@]} -gt 0 ]; then
+  (IFS=';'; echo "gpu.sh: FAILED: ${failed[*]}")
+  exit 1
+fi
+echo "gpu.sh: every stage asked for passed ($stages)"
