@@ -75,8 +75,8 @@ fi
 # slowed-down kernels' budget); any report fails the step.
 if wanted sanitize; then
   for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer $tool" env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
+    step "compute-sanitizer $tool" env GRADZIP_CUDA_TEST_QUICK=1 \
+      compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
   done
 fi
 

@@ -69,6 +69,43 @@ def test_cuda_allreduce_benchmark_runs_its_rows_on_cpu(tmp_path):
     assert all(row["seconds"] > 0 and row["floor_seconds"] > 0 for row in methods.values())
 
 
+FAKE_PYTHON = """#!/bin/bash
+case "$1" in
+  -c) [[ "$2" == *device_count* ]] && echo 2; exit 0 ;;
+  -m) echo "3 passed"; exit 0 ;;
+  *) echo "ran $*"; [[ "$1" == *cuda_kernels.py ]] && exit 1; exit 0 ;;
+esac
+"""
+
+
+def test_gpu_script_runs_every_stage_and_names_what_failed(tmp_path):
+    # benchmarks/gpu.sh's own flow, with stand-ins for the GPU machine's tools: a python
+    # that sees 2 GPUs and whose kernels' table misses a target, a compute-sanitizer that
+    # reports, a ctest and a torchrun that pass. Every stage still runs; the summary
+    # names the failed steps.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"python": FAKE_PYTHON, "torchrun": "#!/bin/bash\necho ran torchrun $*\n",
+                       "compute-sanitizer": "#!/bin/bash\nexit 1\n", "ctest": "#!/bin/bash\nexit 0\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, GRADZIP_VENV=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    stages = "test,sanitize,kernels,allreduce"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--quick", "--only", stages],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    summary = [line for line in out.splitlines() if line.startswith("gpu.sh: FAILED: ")]
+    assert len(summary) == 1, out
+    failed = summary[0].removeprefix("gpu.sh: FAILED: ").split(";")
+    assert {"compute-sanitizer memcheck", "compute-sanitizer racecheck", "compute-sanitizer synccheck",
+            "benchmarks/cuda_kernels.py (targets met)"} <= set(failed), out
+    assert "ctest" not in failed and "benchmarks/cuda_allreduce.py" not in failed, out
+    assert "ran torchrun --standalone --nproc-per-node 2 benchmarks/cuda_allreduce.py --numel 4000000" in out
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--fast"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stdout
+
+
 def test_train_benchmark_quick(tmp_path):
     out = torchrun("benchmarks/train.py", "--quick", "--out", str(tmp_path / "train"))
     result = json.loads((tmp_path / "train.json").read_text())
