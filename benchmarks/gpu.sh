@@ -63,7 +63,8 @@ gtest_without_skips() {
     [ "$skipped" = 0 ]
 }
 pytest_without_skips() {
-  "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log && ! grep -q "skipped" build/test_cuda.log
+  "$PYTHON" -m pytest -q -rs tests/python/test_cuda.py | tee build/test_cuda.log &&
+    ! grep -q "skipped" build/test_cuda.log
 }
 if wanted test; then
   step "ctest" ctest --test-dir build --output-on-failure
