@@ -224,36 +224,11 @@ __global__ void __launch_bounds__(kThreads)
   out[i] += math::compact_value(static_cast<uint16_t>(load_le(values + 2 * j, 2)), fp16);
 }
 
-// Element i's term of a sign payload, scaled as the host decoder scales it.
-__device__ __forceinline__ float sign_term(const float* scales, const uint32_t* bits, uint32_t block, float scale,
-                                           int64_t i) {
-  const float s = block ? scale * scales[i / block] : scale;
-  return ((bits[i / 32] >> (i % 32)) & 1u) ? s : -s;
-}
-
-// Element i's term of a QSGD payload (unit = scale × norm / levels, rounded as the host
-// rounds it); false when its level is above `levels`.
-__device__ __forceinline__ bool qsgd_term(const float* norms, const uint32_t* codes, int width, uint32_t levels,
-                                          uint32_t bucket, float scale, int64_t i, float& term) {
-  const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
-  const int offset = static_cast<int>(position % 32);
-  uint32_t code = codes[position / 32] >> offset;
-  if (offset + width > 32) code |= codes[position / 32 + 1] << (32 - offset);
-  code &= (1u << width) - 1u;
-  const uint32_t sign_bit = 1u << (width - 1);
-  const uint32_t level = code & (sign_bit - 1u);
-  if (level > levels) return false;
-  const float unit = scale * norms[i / bucket] / static_cast<float>(levels);
-  const float magnitude = unit * static_cast<float>(level);
-  term = (code & sign_bit) ? -magnitude : magnitude;
-  return true;
-}
-
 __global__ void __launch_bounds__(kThreads)
     sign_add(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  out[i] += sign_term(scales, bits, block, 1.0f, i);
+  out[i] += math::sign_decoded(scales, bits, block, 1.0f, i);
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -262,7 +237,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
   float term;
-  if (!qsgd_term(norms, codes, width, levels, bucket, 1.0f, i, term)) {
+  if (!math::qsgd_decoded(norms, codes, width, levels, bucket, 1.0f, i, term)) {
     atomicOr(error, kBadLevel);
     return;
   }
@@ -283,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
   float sum = set ? 0.0f : out[i];
   for (int r = 0; r < count; ++r) {
     const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
-    sum += sign_term(reinterpret_cast<const float*>(row + layout.scales_at),
+    sum += math::sign_decoded(reinterpret_cast<const float*>(row + layout.scales_at),
                      reinterpret_cast<const uint32_t*>(row + layout.bits_at), layout.block, scale, i);
   }
   out[i] = sum;
@@ -298,7 +273,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int r = 0; r < count; ++r) {
     const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
     float term;
-    if (qsgd_term(reinterpret_cast<const float*>(row + layout.norms_at),
+    if (math::qsgd_decoded(reinterpret_cast<const float*>(row + layout.norms_at),
                   reinterpret_cast<const uint32_t*>(row + layout.codes_at), layout.width, layout.levels, layout.bucket,
                   scale, i, term)) {
       sum += term;

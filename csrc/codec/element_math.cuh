@@ -1,5 +1,6 @@
 // Per-element math shared by the CPU codecs (csrc/codec) and the CUDA kernels:
-// __host__ __device__ inline functions on plain values, no memory, no state.
+// __host__ __device__ inline functions on plain values (the decoders' terms also read a
+// payload's words), no state.
 // The CPU tests exercise them; the GPU build compiles the very same code.
 #pragma once
 
@@ -192,6 +193,34 @@ GZ_HD uint32_t rice_next_state(uint32_t state, uint32_t bit, int b, bool& comple
   }
   completed = state == 1;
   return state - 1;
+}
+
+// The one-pass decoders' terms (cuda/decode_accumulate.cu), on a payload's sections as
+// typed words: element i's value scaled as the host decoder's decode_add(..., scale)
+// scales it. Sign: ±(scale · its block's scale), or ±scale with block = 0 (`bits` 32
+// elements to a word, 1 = non-negative).
+GZ_HD float sign_decoded(const float* scales, const uint32_t* bits, uint32_t block, float scale, int64_t i) {
+  const float s = block ? scale * scales[i / block] : scale;
+  return ((bits[i / 32] >> (i % 32)) & 1u) ? s : -s;
+}
+
+// QSGD: element i's code of `width` bits from the packed words (LSB first; a code may
+// straddle two words), decoded as ±(scale · norm / levels) · level. False, leaving
+// `term` alone, when the level is above `levels`.
+GZ_HD bool qsgd_decoded(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket,
+                        float scale, int64_t i, float& term) {
+  const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
+  const int offset = static_cast<int>(position % 32);
+  uint32_t code = codes[position / 32] >> offset;
+  if (offset + width > 32) code |= codes[position / 32 + 1] << (32 - offset);
+  code &= (1u << width) - 1u;
+  const uint32_t sign_bit = 1u << (width - 1);
+  const uint32_t level = code & (sign_bit - 1u);
+  if (level > levels) return false;
+  const float unit = scale * norms[i / bucket] / static_cast<float>(levels);
+  const float magnitude = unit * static_cast<float>(level);
+  term = (code & sign_bit) ? -magnitude : magnitude;
+  return true;
 }
 
 // STC's mean magnitude μ sums |u| of the k chosen entries in double, in kStcMeanLanes

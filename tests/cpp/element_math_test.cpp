@@ -3,14 +3,19 @@
 #include "codec/element_math.cuh"
 #include "codec/bitpack.h"
 #include "codec/philox_block.h"
+#include "codec/qsgd_codec.h"
+#include "codec/sign_codec.h"
+#include "gradzip/codec.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
 namespace gradzip::math {
 namespace {
@@ -226,6 +231,78 @@ TEST(BitReaderTest, WordReadsMatchBitByBit) {
       ASSERT_EQ(fast.failed(), failed) << trial;
     }
   }
+}
+
+}  // namespace
+}  // namespace gradzip
+
+namespace gradzip {
+namespace {
+
+// A payload section as 32-bit words, zero-padded by one word (a code may straddle two).
+template <class T>
+std::vector<T> section_words(const std::vector<uint8_t>& payload, const wire::Section& section) {
+  std::vector<T> words((section.bytes + 3) / 4 + 1, T{});
+  std::memcpy(words.data(), payload.data() + section.offset, section.bytes);
+  return words;
+}
+
+// The one-pass GPU decoders add math::sign_decoded / math::qsgd_decoded per element and
+// rank in a register: on the host, the same sums must be the host decoders' bits, for
+// every scale (AVG's 1/P included), block or bucket, and code width.
+TEST(DecodedTermsTest, AreTheHostDecodersTermsInRankOrder) {
+  const int64_t n = 4099;
+  for (const char* text : {"sign", "sign:block=100", "sign:block=1024", "sign:vote=majority", "qsgd", "qsgd:bits=3",
+                           "qsgd:bits=8", "qsgd:bits=16,bucket=1024", "qsgd:levels=5,bucket=100",
+                           "qsgd:norm=max"}) {
+    const auto codec = make_codec(parse_spec(text));
+    std::vector<std::vector<uint8_t>> payloads(4);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (uint32_t r = 0; r < 4; ++r) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = normal(rng);
+      codec->encode(x.data(), n, nullptr, {5, 0, r}, payloads[r]);
+    }
+    for (float scale : {1.0f, 0.25f, 1.0f / 3.0f}) {
+      std::vector<float> expected(n, 0.0f);
+      for (const auto& p : payloads) codec->decode_add(p.data(), p.size(), expected.data(), n, scale);
+      std::vector<float> sum(n, 0.0f);
+      for (const auto& p : payloads) {
+        wire::Reader reader(p.data(), p.size(), text);
+        if (codec->id() == CodecId::kSign) {
+          const SignLayout layout = read_sign_layout(reader, n);
+          const auto scales = section_words<float>(p, layout.scales);
+          const auto bits = section_words<uint32_t>(p, layout.bits);
+          for (int64_t i = 0; i < n; ++i) {
+            sum[i] += math::sign_decoded(scales.data(), bits.data(), layout.block, scale, i);
+          }
+        } else {
+          const QsgdLayout layout = read_qsgd_layout(reader, n);
+          const auto norms = section_words<float>(p, layout.norms);
+          const auto codes = section_words<uint32_t>(p, layout.codes);
+          for (int64_t i = 0; i < n; ++i) {
+            float term = 0.0f;
+            ASSERT_TRUE(math::qsgd_decoded(norms.data(), codes.data(), layout.width, layout.levels, layout.bucket,
+                                           scale, i, term));
+            sum[i] += term;
+          }
+        }
+      }
+      ASSERT_EQ(std::memcmp(sum.data(), expected.data(), 4 * n), 0) << text << " scale " << scale;
+    }
+  }
+}
+
+// A level above the payload's levels is refused, as the host decoder refuses it.
+TEST(DecodedTermsTest, QsgdRefusesALevelAboveLevels) {
+  const float norms[] = {2.0f};
+  const uint32_t codes[] = {0x7u | (0x5u << 4), 0};  // 4-bit codes: level 7, then level 5
+  float term = -1.0f;
+  EXPECT_FALSE(math::qsgd_decoded(norms, codes, 4, 5, 512, 1.0f, 0, term));
+  EXPECT_EQ(term, -1.0f);
+  ASSERT_TRUE(math::qsgd_decoded(norms, codes, 4, 5, 512, 1.0f, 1, term));
+  EXPECT_EQ(term, 2.0f);  // 2 / 5 · 5
 }
 
 }  // namespace
