@@ -51,12 +51,6 @@ __global__ void __launch_bounds__(kThreads) cast_encode(const float* x, float* r
   if (residual) residual[i] = u + -1.0f * sent;
 }
 
-template <CodecId kId>
-__global__ void __launch_bounds__(kThreads) cast_add(const uint8_t* values, int64_t n, float* out) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) out[i] = out[i] + loaded<kId>(values, i);
-}
-
 // `count` payloads at payloads + r·stride, their values at `values_at` in each: each
 // element's scaled values added in row order, as the host's out[i] += scale · value.
 template <CodecId kId>
@@ -101,17 +95,6 @@ DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t
 }
 
 template <CodecId kId>
-void cast_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
-                            int64_t n, int*, DeviceArena&, cudaStream_t stream) {
-  wire::Reader r(prefix, have, size, cast_name(kId));
-  const wire::Section values = read_cast_layout(r, kId, n);
-  if (n <= 0) return;
-  cuda::cast_add<kId><<<cuda::blocks_for(n, cuda::kThreads), cuda::kThreads, 0, stream>>>(payload + values.offset,
-                                                                                          n, out);
-  cuda::check_launch("cast_add");
-}
-
-template <CodecId kId>
 bool cast_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int*,
                              cudaStream_t stream) {
   const auto layouts = cuda::row_layouts(rows, n, cast_name(kId), [](wire::Reader& r, int64_t n) {
@@ -127,7 +110,8 @@ bool cast_device_decode_rows(const PayloadRows& rows, float scale, bool set, flo
 
 template <CodecId kId>
 constexpr DeviceHalf cast_device_half() {
-  return {cast_device_encode<kId>, cast_device_decode_add<kId>, nullptr, cast_device_decode_rows<kId>};
+  return {cast_device_encode<kId>, cuda::decode_add_as_one_row<cast_device_decode_rows<kId>>, nullptr,
+          cast_device_decode_rows<kId>};
 }
 
 }  // namespace

@@ -225,26 +225,6 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 __global__ void __launch_bounds__(kThreads)
-    sign_add(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  out[i] += math::sign_decoded(scales, bits, block, 1.0f, i);
-}
-
-__global__ void __launch_bounds__(kThreads)
-    qsgd_add(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
-             int64_t n, int* error) {
-  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  float term;
-  if (!math::qsgd_decoded(norms, codes, width, levels, bucket, 1.0f, i, term)) {
-    atomicOr(error, kBadLevel);
-    return;
-  }
-  out[i] += term;
-}
-
-__global__ void __launch_bounds__(kThreads)
     scaled_add(float* out, const float* terms, float scale, bool set, int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) out[i] = (set ? 0.0f : out[i]) + scale * terms[i];
@@ -423,19 +403,6 @@ void add_compact_topk(const uint8_t* positions, uint64_t position_bytes, bool bi
   if (!decode_positions(positions, position_bytes, bitmap, golomb_parameter, k, n, error, s, stream)) return;
   compact_add<<<blocks_for(k, kThreads), kThreads, 0, stream>>>(s.indices, values, fp16, k, out, n, error);
   check_launch("compact_add");
-}
-
-void add_sign(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n, cudaStream_t stream) {
-  if (n <= 0) return;
-  sign_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(scales, bits, block, out, n);
-  check_launch("sign_add");
-}
-
-void add_qsgd(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
-              int64_t n, int* error, cudaStream_t stream) {
-  if (n <= 0) return;
-  qsgd_add<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(norms, codes, width, levels, bucket, out, n, error);
-  check_launch("qsgd_add");
 }
 
 void add_scaled(float* out, const float* terms, float scale, bool set, int64_t n, cudaStream_t stream) {

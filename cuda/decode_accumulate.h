@@ -1,9 +1,10 @@
 // Decode-accumulate on the GPU: adds one payload's values into a float sum, element by
 // element as the CPU decoders do (docs/wire-format.md, "Values"), so that calling these
 // for P payloads in rank order on one stream adds every element's terms in rank order:
-// no float atomics, the same sum on every rank and every run, bitwise the CPU's. The
-// `_rows` forms take all P payloads of one layout at once and add each element's terms
-// in rank order in a register: the same bits, with one read and write of the sum.
+// no float atomics, the same sum on every rank and every run, bitwise the CPU's. sign and
+// qsgd (like the casts, cast_encode.cu) decode in `_rows` form only: all P payloads of one
+// layout at once, each element's terms added in rank order in a register (one payload is
+// a single row): the same bits, with one read and write of the sum.
 //
 // The host has already checked the fixed fields and every section length against the
 // payload size (device_codec.cpp). What only the data can tell is checked here, on the
@@ -38,17 +39,13 @@ void add_compact_topk(const uint8_t* positions, uint64_t position_bytes, bool bi
                       const uint8_t* values, bool fp16, int64_t k, float* out, int64_t n, int* error, void* scratch,
                       cudaStream_t stream);
 
-void add_sign(const float* scales, const uint32_t* bits, uint32_t block, float* out, int64_t n, cudaStream_t stream);
-
-void add_qsgd(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket, float* out,
-              int64_t n, int* error, cudaStream_t stream);
+// out[i] = (set ? 0 : out[i]) + scale · terms[i].
+void add_scaled(float* out, const float* terms, float scale, bool set, int64_t n, cudaStream_t stream);
 
 // `count` payloads of one layout at payloads + r·stride (sections at the same offsets in
 // each, 4-byte aligned), in one pass over out: out[i] = (set ? 0 : out[i]) + the terms of
 // rows 0, 1, ... in order, each scaled and rounded as the host decoder's
 // decode_add(..., scale) adds it. QSGD's level checks set errors[r].
-// out[i] = (set ? 0 : out[i]) + scale · terms[i].
-void add_scaled(float* out, const float* terms, float scale, bool set, int64_t n, cudaStream_t stream);
 
 struct SignRows {
   uint64_t scales_at, bits_at;

@@ -28,6 +28,16 @@ auto row_layouts(const PayloadRows& rows, int64_t n, const char* codec, Parse pa
   return layouts;
 }
 
+// A device half's queue_decode_add for a codec with queue_decode_rows (kDecodeRows): the
+// payload decoded as a single row, added with scale 1.
+template <auto kDecodeRows>
+void decode_add_as_one_row(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
+                           int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
+  const std::vector<size_t> sizes = {size};
+  kDecodeRows(PayloadRows{payload, (size + 7) / 8 * 8, prefix, have, have, &sizes}, 1.0f, false, out, n, error,
+              stream);
+}
+
 // Whether every layout equals the first by `key` (what the one-pass kernel is given).
 template <class Layout, class Key>
 bool laid_out_alike(const std::vector<Layout>& layouts, Key key) {

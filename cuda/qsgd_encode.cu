@@ -236,15 +236,6 @@ DevicePayload qsgd_device_encode(const CodecParameters& codec, const float* x, i
   return payload;
 }
 
-void qsgd_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
-                            int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
-  wire::Reader r(prefix, have, size, "qsgd");
-  const QsgdLayout layout = read_qsgd_layout(r, n);
-  cuda::add_qsgd(reinterpret_cast<const float*>(payload + layout.norms.offset),
-                 reinterpret_cast<const uint32_t*>(payload + layout.codes.offset), layout.width, layout.levels,
-                 layout.bucket, out, n, error, stream);
-}
-
 bool qsgd_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int* errors,
                              cudaStream_t stream) {
   const auto layouts = cuda::row_layouts(rows, n, "qsgd", read_qsgd_layout);
@@ -261,6 +252,7 @@ bool qsgd_device_decode_rows(const PayloadRows& rows, float scale, bool set, flo
 
 }  // namespace
 
-const DeviceHalf kQsgdDevice = {qsgd_device_encode, qsgd_device_decode_add, nullptr, qsgd_device_decode_rows};
+const DeviceHalf kQsgdDevice = {qsgd_device_encode, cuda::decode_add_as_one_row<qsgd_device_decode_rows>, nullptr,
+                                qsgd_device_decode_rows};
 
 }  // namespace gradzip

@@ -146,14 +146,6 @@ DevicePayload sign_device_encode(const CodecParameters& codec, const float* x, i
   return payload;
 }
 
-void sign_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
-                            int64_t n, int*, DeviceArena&, cudaStream_t stream) {
-  wire::Reader r(prefix, have, size, "sign");
-  const SignLayout layout = read_sign_layout(r, n);
-  cuda::add_sign(reinterpret_cast<const float*>(payload + layout.scales.offset),
-                 reinterpret_cast<const uint32_t*>(payload + layout.bits.offset), layout.block, out, n, stream);
-}
-
 bool sign_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int*,
                              cudaStream_t stream) {
   const auto layouts = cuda::row_layouts(rows, n, "sign", read_sign_layout);
@@ -167,6 +159,7 @@ bool sign_device_decode_rows(const PayloadRows& rows, float scale, bool set, flo
 
 }  // namespace
 
-const DeviceHalf kSignDevice = {sign_device_encode, sign_device_decode_add, nullptr, sign_device_decode_rows};
+const DeviceHalf kSignDevice = {sign_device_encode, cuda::decode_add_as_one_row<sign_device_decode_rows>, nullptr,
+                                sign_device_decode_rows};
 
 }  // namespace gradzip
