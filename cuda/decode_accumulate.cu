@@ -33,7 +33,8 @@ __global__ void __launch_bounds__(kThreads)
 // Golomb-Rice positions in parallel. The stream is cut into segments of kSegmentBits;
 // each segment is run through math::rice_next_state from every entry state (0..b),
 // giving its exit state and how many codes end in it; groups of kGroupSegments compose
-// those tables, one thread chains the groups, each group's thread then its segments, so
+// those tables, one thread chains the groups (their tables staged in shared memory by
+// its block), each group's thread then its segments, so
 // every segment knows its true entry state and how many codes precede it. A second run
 // records where each code ends; a code's gap follows from its end, the previous code's
 // end and its remainder bits; an exclusive scan of gap + 1 gives the positions.
@@ -88,15 +89,36 @@ __global__ void __launch_bounds__(kThreads)
   group_codes[t] = count;
 }
 
-__global__ void rice_group_entries(int64_t groups, int states, const uint8_t* group_exits, const uint64_t* group_codes,
-                                   uint8_t* group_entry, uint64_t* group_before) {
-  uint32_t state = 0;
-  uint64_t before = 0;
-  for (int64_t g = 0; g < groups; ++g) {
-    group_entry[g] = static_cast<uint8_t>(state);
-    group_before[g] = before;
-    before += group_codes[g * states + state];
-    state = group_exits[g * states + state];
+// The groups' tables, a chunk at a time, are loaded into shared memory by the whole
+// block (coalesced, independent loads); one thread then chains the chunk's groups there,
+// a shared-memory load per step instead of a dependent global one.
+constexpr int kChainEntries = 2048;  // group-table entries per chunk: 18 KiB of shared memory
+static_assert(kMaxGolombParameter + 1 <= kChainEntries, "a chunk holds at least one group's table");
+
+__global__ void __launch_bounds__(kThreads)
+    rice_group_entries(int64_t groups, int states, const uint8_t* group_exits, const uint64_t* group_codes,
+                       uint8_t* group_entry, uint64_t* group_before) {
+  __shared__ uint64_t chunk_codes[kChainEntries];
+  __shared__ uint8_t chunk_exits[kChainEntries];
+  const int64_t chunk = kChainEntries / states;  // states <= kMaxGolombParameter + 1 < kChainEntries
+  uint32_t state = 0;   // thread 0's
+  uint64_t before = 0;  // thread 0's
+  for (int64_t first = 0; first < groups; first += chunk) {
+    const int64_t count = groups - first < chunk ? groups - first : chunk;
+    for (int64_t i = threadIdx.x; i < count * states; i += blockDim.x) {
+      chunk_codes[i] = group_codes[first * states + i];
+      chunk_exits[i] = group_exits[first * states + i];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int64_t g = 0; g < count; ++g) {
+        group_entry[first + g] = static_cast<uint8_t>(state);
+        group_before[first + g] = before;
+        before += chunk_codes[g * states + state];
+        state = chunk_exits[g * states + state];
+      }
+    }
+    __syncthreads();  // the chunk is read before the next overwrites it
   }
 }
 
@@ -331,8 +353,8 @@ void decode_golomb(const uint8_t* data, uint64_t bytes, int b, int64_t k, int64_
     rice_group_tables<<<blocks_for(s.groups * states, kThreads), kThreads, 0, stream>>>(
         s.segments, s.groups, states, s.exits, s.codes, s.group_exits, s.group_codes);
     check_launch("rice_group_tables");
-    rice_group_entries<<<1, 1, 0, stream>>>(s.groups, states, s.group_exits, s.group_codes, s.group_entry,
-                                            s.group_before);
+    rice_group_entries<<<1, kThreads, 0, stream>>>(s.groups, states, s.group_exits, s.group_codes, s.group_entry,
+                                                   s.group_before);
     check_launch("rice_group_entries");
     rice_segment_entries<<<blocks_for(s.groups, kThreads), kThreads, 0, stream>>>(
         s.segments, s.groups, states, s.exits, s.codes, s.group_entry, s.group_before, s.entry, s.segment_before);

@@ -97,13 +97,16 @@ __global__ void __launch_bounds__(kThreads)
   if (j >= count) return;
   const uint64_t gap = gap_before(indices, j);
   uint64_t position = starts[j];
-  for (uint64_t ones = gap >> b; ones > 0;) {  // the unary quotient, a word at a time
-    const int length = ones < 32 ? static_cast<int>(ones) : 32;
-    or_bits(words, position, 0xffffffffu, length);
-    position += length;
-    ones -= length;
-  }
-  position += 1;  // the terminating zero
+  // The unary quotient: its share of the first word (which it may share with the code
+  // before), whole words (this code's alone: plain stores, no atomics), the rest.
+  uint64_t ones = gap >> b;
+  const uint64_t lead = ones < (32 - position % 32) % 32 ? ones : (32 - position % 32) % 32;
+  if (lead) or_bits(words, position, 0xffffffffu, static_cast<int>(lead));
+  position += lead;
+  ones -= lead;
+  for (; ones >= 32; ones -= 32, position += 32) words[position / 32] = 0xffffffffu;
+  if (ones) or_bits(words, position, 0xffffffffu, static_cast<int>(ones));
+  position += ones + 1;  // the terminating zero
   if (b) or_bits(words, position, gap & ((uint64_t{1} << b) - 1), b);
 }
 

@@ -7,6 +7,7 @@ and architecture from a build log made with -Xptxas=-v, gradzip's kernels first.
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 
 def entries(text):
@@ -27,10 +28,18 @@ def entries(text):
             kernel = None
 
 
-def short(demangled):
+def codec_names():
+    """CodecId's values and names (kFp16 = 2 -> {2: "fp16"}), from include/gradzip/codec.h."""
+    header = Path(__file__).resolve().parent.parent / "include" / "gradzip" / "codec.h"
+    body = re.search(r"enum class CodecId[^{]*\{([^}]*)\}", header.read_text()).group(1)
+    return {int(v): k[1:].lower() for k, v in re.findall(r"(k\w+) = (\d+)", body)}
+
+
+def short(demangled, codecs):
     name = demangled.replace("gradzip::cuda::(anonymous namespace)::", "").replace("gradzip::cuda::", "")
     name = re.sub(r"^void ", "", name)
-    name = re.sub(r"\(gradzip::CodecId\)(\d+)", r"CodecId=\1", name)  # template arguments, before the cut below
+    # template arguments (before the cut below): (gradzip::CodecId)2 -> fp16
+    name = re.sub(r"\(gradzip::CodecId\)(\d+)", lambda m: codecs.get(int(m.group(1)), m.group(1)), name)
     if name.startswith("cub::"):  # cub::CUB_300001_SM_800_900::detail::scan::DeviceScanKernel<...> -> cub scan::DeviceScanKernel
         return "cub " + re.sub(r"<.*$", "", re.sub(r"^cub::CUB_\w+::(detail::)?", "", name))
     return re.sub(r"\(.*$", "", name)
@@ -39,10 +48,11 @@ def short(demangled):
 def main():
     rows = list(entries(open(sys.argv[1]).read()))
     names = subprocess.run(["c++filt"], input="\n".join(r[0] for r in rows), capture_output=True, text=True).stdout.split("\n")
+    codecs = codec_names()
     seen = set()
     table = []
     for (mangled, arch, regs, (stack, spill_st, spill_ld), smem), name in zip(rows, names):
-        key = (short(name), arch, regs, stack, spill_st, spill_ld, smem)
+        key = (short(name, codecs), arch, regs, stack, spill_st, spill_ld, smem)
         if key in seen:
             continue
         seen.add(key)

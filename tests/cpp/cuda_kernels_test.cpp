@@ -278,6 +278,48 @@ TEST_F(CudaKernelsTest, RowsLaidOutDifferentlyDecodeOneByOne) {
   }
 }
 
+// Selections clustered at the tensor's end: the first position's Golomb code is a unary
+// run of thousands of words (written whole by one thread), which the decoder's segments
+// lie inside of.
+TEST_F(CudaKernelsTest, ClusteredSelectionsCodeLongUnaryRuns) {
+  std::vector<int64_t> sizes = {4099, 100003};
+  if (!std::getenv("GRADZIP_CUDA_TEST_QUICK")) sizes.push_back((int64_t{1} << 20) + 7);
+  for (const char* text : {"stc:density=0.01", "topk:density=0.01,values=fp16", "stc:density=0.001"}) {
+    const auto cpu = make_codec(parse_spec(text));
+    for (int64_t n : sizes) {
+      std::vector<std::vector<uint8_t>> payloads(4);
+      for (uint32_t r = 0; r < 4; ++r) {
+        std::vector<float> x = random_input(n, r + 60);
+        for (int64_t i = 0; i < n - n / 50 - static_cast<int64_t>(r); ++i) x[i] *= 1e-3f;  // the large ones last
+        ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, x, r % 2 == 1, "clustered"));
+        cpu->encode(x.data(), n, nullptr, {5, 0, r}, payloads[r]);
+      }
+      CudaArena arena;
+      const Rows rows = upload_rows(arena, payloads);
+      const std::vector<float> start(n, 0.0f);
+      float* d_sum = upload(arena, start);
+      device_decode_add(cpu->id(), rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, 1.0f, true);
+      ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, 1.0f, false))) << text << " n=" << n;
+    }
+  }
+}
+
+// A Golomb position stream of tens of millions of bits (STC at 10% of 2^26 + 7 elements:
+// more than one chunk of group tables for the chaining kernel) decodes as on the CPU.
+TEST_F(CudaKernelsTest, LongGolombStreamsDecode) {
+  if (std::getenv("GRADZIP_CUDA_TEST_QUICK")) GTEST_SKIP() << "GRADZIP_CUDA_TEST_QUICK: the long stream is left out";
+  const int64_t n = (int64_t{1} << 26) + 7;
+  const auto cpu = make_codec(parse_spec("stc:density=0.1"));
+  std::vector<std::vector<uint8_t>> payloads(1);
+  cpu->encode(random_input(n, 8).data(), n, nullptr, {5, 0, 0}, payloads[0]);
+  CudaArena arena;
+  const Rows rows = upload_rows(arena, payloads);
+  const std::vector<float> start(n, 0.0f);
+  float* d_sum = upload(arena, start);
+  device_decode_add(cpu->id(), rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, 1.0f, true);
+  ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, 1.0f, false)));
+}
+
 // Bit offsets past 2^31 (16-bit QSGD codes of 2^27 + 33 elements: 2^31 + 528 bits):
 // encode and decode against the CPU. Needs about 2 GB of device memory.
 TEST_F(CudaKernelsTest, BitOffsetsBeyond2To31) {
