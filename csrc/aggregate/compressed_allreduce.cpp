@@ -58,7 +58,7 @@ void own_chunk(CompressedState& state, const Chunk& owned, const at::Device& dev
                 "gradzip: the owner residual of the tensor keyed '", key, "' covers elements ", state.owner_offset,
                 " to ", state.owner_offset + state.owner_residual.numel(), " of a tensor of ", n);
     residual_on(state, device, n, key).narrow(0, state.owner_offset, state.owner_residual.numel())
-        .add_(state.owner_residual.to(device));
+        .add_(used_on_current_stream(state.owner_residual).to(device));
     state.owner_residual = at::Tensor();
   }
   if (owned.length == 0) return;

@@ -27,15 +27,21 @@ void DirectAggregation::reduce_scatter(at::Tensor output, at::Tensor input, cons
   aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)->wait();
 }
 
+std::map<std::string, at::Tensor> DirectAggregation::state_dict() {
+  worker_.drain();
+  return aggregation_->state_dict();
+}
+
+void DirectAggregation::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  worker_.drain();
+  aggregation_->load_state_dict(state);
+}
+
 c10::intrusive_ptr<c10d::Work> DirectAggregation::submit_pieces(const at::Tensor& tensor,
                                                                 const std::vector<TensorPiece>& pieces,
                                                                 const c10d::ReduceOp& op,
                                                                 const c10::intrusive_ptr<c10d::Backend>& transport) {
   std::vector<at::Tensor> tensors = {tensor};
-  if (tensor.is_cuda()) {
-    worker_.drain();
-    return run_pieces(tensors, pieces, op, transport);
-  }
   return worker_.submit(tensors, [this, tensors, pieces, op, transport]() mutable {
     run_pieces(tensors, pieces, op, transport)->wait();
   });

@@ -21,6 +21,9 @@ class DirectAggregation {
   const Aggregation& aggregation() const { return *aggregation_; }
   Aggregation& aggregation() { return *aggregation_; }
   Stats& stats() { return stats_; }
+  // The aggregation's state_dict() / load_state_dict() once every submitted call has finished.
+  std::map<std::string, at::Tensor> state_dict();
+  void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
   // Reduces `tensor` in place; `key` names its state.
   void allreduce(const at::Tensor& tensor, const std::string& key, const c10d::ReduceOp& op,
@@ -32,8 +35,8 @@ class DirectAggregation {
   // `key` names its state (FSDP: one key per module).
   void reduce_scatter(at::Tensor output, at::Tensor input, const std::string& key, const c10d::ReduceOp& op,
                       const c10::intrusive_ptr<c10d::Backend>& transport);
-  // allreduce_pieces on the worker thread (one piece: the tensor as one key). CUDA
-  // tensors run in the caller's thread, on its stream, and return a completed Work.
+  // allreduce_pieces on the worker thread (one piece: the tensor as one key); CUDA
+  // tensors there on a side stream ordered after the caller's current stream.
   c10::intrusive_ptr<c10d::Work> submit_pieces(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces,
                                                const c10d::ReduceOp& op,
                                                const c10::intrusive_ptr<c10d::Backend>& transport);

@@ -2,9 +2,40 @@
 
 #include <stdexcept>
 
+#include <c10/core/Event.h>
+#include <c10/core/StreamGuard.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+
 #include "aggregate/future_work.h"
 
 namespace gradzip {
+namespace {
+
+// `job` made to run on `side` after the work queued so far on the caller's current stream
+// of `device`, ending once side's work is done (also when the job raises: nothing it
+// queued is still running then). The tensors need no record_stream(): the job holds them
+// until then, so their memory cannot be freed while side's work uses it.
+std::function<void()> after_current_stream(c10::Device device, c10::Stream side, const std::vector<at::Tensor>& tensors,
+                                           std::function<void()> job) {
+  for (const auto& t : tensors) {
+    TORCH_CHECK(t.device() == device, "gradzip: one call got tensors on ", device.str(), " and on ", t.device().str());
+  }
+  const c10::impl::VirtualGuardImpl impl(device.type());
+  auto ready = std::make_shared<c10::Event>(device.type());
+  ready->record(impl.getStream(device));
+  return [ready, side, job = std::move(job)] {
+    ready->block(side);
+    try {
+      job();
+    } catch (...) {
+      side.synchronize();
+      throw;
+    }
+    side.synchronize();
+  };
+}
+
+}  // namespace
 
 OrderedWorker::~OrderedWorker() {
   {
@@ -16,7 +47,15 @@ OrderedWorker::~OrderedWorker() {
 }
 
 c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> tensors, std::function<void()> job) {
-  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+  std::optional<c10::Stream> stream;
+  std::vector<c10::Device> devices;
+  if (!tensors.empty() && !tensors.front().device().is_cpu()) {
+    const c10::Device device = tensors.front().device();
+    stream = side_stream(device);
+    job = after_current_stream(device, *stream, tensors, std::move(job));
+    devices.push_back(device);
+  }
+  auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
   {
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "gradzip: the process group's worker has stopped");
@@ -24,10 +63,12 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
     if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
       lock.unlock();
       Job now{std::move(job), std::move(tensors), future};
+      now.stream = stream;
       run(now);
       return c10::make_intrusive<FutureWork>(future);
     }
     jobs_.push_back({std::move(job), std::move(tensors), future});
+    jobs_.back().stream = stream;
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
   wake_.notify_one();
@@ -36,6 +77,9 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
 
 void OrderedWorker::drain() {
   std::unique_lock<std::mutex> lock(mutex_);
+  // On the worker thread (a job, or a future's callback, about to issue a call of its
+  // own): every job before the running one has finished, and that one is the caller.
+  if (std::this_thread::get_id() == thread_.get_id()) return;
   idle_.wait(lock, [this] { return jobs_.empty() && !running_; });
 }
 
@@ -54,7 +98,26 @@ void OrderedWorker::abort(const std::string& reason) {
   }
 }
 
+c10::Stream OrderedWorker::side_stream(c10::Device device) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (const auto& stream : side_streams_) {
+    if (stream.device() == device) return stream;
+  }
+  // High priority: the pool's other half from the streams torch.cuda.Stream() and NCCL
+  // take by default (so no unrelated work shares it), and compression on the way to the
+  // wire goes ahead of the backward pass's kernels.
+  side_streams_.push_back(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, true));
+  return side_streams_.back();
+}
+
 void OrderedWorker::run(Job& job) {
+  std::optional<c10::StreamGuard> on_stream;  // the side stream and its device, current until completed
+  if (job.stream) {
+    // The job's device stays this thread's after it, for what the thread does next
+    // (freeing the job's events, the next job): never a device 0 this rank does not use.
+    c10::impl::VirtualGuardImpl(job.stream->device_type()).setDevice(job.stream->device());
+    on_stream.emplace(*job.stream);
+  }
   std::exception_ptr error;
   try {
     job.run();

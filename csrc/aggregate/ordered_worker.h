@@ -12,6 +12,16 @@
 // own calls it first, so that the call cannot overtake a queued one. The thread starts
 // with the first job; the destructor lets queued jobs finish, then joins it.
 //
+// Tensors on an accelerator (CUDA): the job runs on a side stream of their device (one
+// per device: a high-priority stream from torch's pool), made current on the worker thread with that device,
+// after the work already queued on the caller's current stream (an event recorded at
+// submit() and waited for by the side stream). The job ends with the side stream
+// synchronized, so a finished job's device work is done too (drain() covers it), and
+// the job holds its tensors until then. Its future is made with the device and completed on the side
+// stream: waiting on it (Work.wait(), DDP, then()) makes the waiter's current stream wait
+// for the result without blocking the device. Host synchronizations inside a job block
+// the worker thread, not the caller.
+//
 // A Work's wait(timeout) raises when the job has not finished within the timeout (it
 // goes on in the background). abort() fails every queued and running job's future at
 // once, so a caller blocked in wait() raises instead of waiting for a peer that will
@@ -25,6 +35,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,9 +51,11 @@ class OrderedWorker {
   OrderedWorker(const OrderedWorker&) = delete;
   OrderedWorker& operator=(const OrderedWorker&) = delete;
 
-  // Queues `job`; the returned Work's future holds `tensors` once it has run.
+  // Queues `job`; the returned Work's future holds `tensors` once it has run. Tensors on
+  // an accelerator must share one device.
   c10::intrusive_ptr<c10d::Work> submit(std::vector<at::Tensor> tensors, std::function<void()> job);
-  // Returns when every job submitted so far has finished.
+  // Returns when every job submitted so far has finished (on the worker thread: at once,
+  // as every job before the running one has).
   void drain();
   // Fails every unfinished job with `reason`; submit() raises it from now on.
   void abort(const std::string& reason);
@@ -54,9 +67,12 @@ class OrderedWorker {
     c10::intrusive_ptr<c10::ivalue::Future> future;
     // Set by whoever completes the future first: the job, or abort().
     std::shared_ptr<std::atomic<bool>> settled = std::make_shared<std::atomic<bool>>(false);
+    std::optional<c10::Stream> stream;  // current while it runs and completes: device tensors' side stream
   };
   void loop();
   static void run(Job& job);
+  // The side stream of `device`'s jobs (taken from torch's pool on first use).
+  c10::Stream side_stream(c10::Device device);
 
   std::mutex mutex_;
   std::condition_variable wake_;  // a job was queued, or stopping
@@ -66,6 +82,7 @@ class OrderedWorker {
   bool stopping_ = false;
   std::string aborted_;  // the reason, once aborted
   Job* current_ = nullptr;  // the running job (worker thread's), for abort()
+  std::vector<c10::Stream> side_streams_;
   // The last finished job's tensors and future, kept (by the worker thread alone) until
   // the next job starts or the destructor's thread drops them: their last reference may
   // be a Python tensor's, and a thread other than the interpreter's own dies taking the

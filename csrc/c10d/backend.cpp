@@ -72,6 +72,16 @@ const c10::intrusive_ptr<c10d::Backend>& GradzipBackend::transport_for(const std
   return transport_for(tensors.front(), op);
 }
 
+std::map<std::string, at::Tensor> GradzipBackend::state_dict() {
+  worker_.drain();
+  return aggregation_->state_dict();
+}
+
+void GradzipBackend::load_state_dict(const std::map<std::string, at::Tensor>& state) {
+  worker_.drain();
+  aggregation_->load_state_dict(state);
+}
+
 void GradzipBackend::verify(const CollectiveCall& call) {
   worker_.drain();
   check_call(call);
@@ -95,11 +105,6 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::aggregate(const char* op, std::ve
                                                          const Aggregate& run) {
   std::string key = identity_->key(named);  // in call order
   std::vector<std::string> expired = identity_->take_expired();
-  if (tensors.front().is_cuda()) {
-    verify(call);
-    aggregation_->forget(expired);
-    return run(key);
-  }
   // Expired keys are forgotten in call order, after the last call that used them.
   return worker_.submit(tensors, [this, op, call, key = std::move(key), expired = std::move(expired), run]() {
     check_call(call);

@@ -1,9 +1,9 @@
 // GradzipBackend: the implementation of gradzip::Backend (gradzip/backend.h).
 //
 // all_reduce runs the configured Aggregation (and so does reduce_scatter_tensor, when
-// the spec says reduce_scatter=compressed): for CPU tensors on the group's worker
-// thread (aggregate/ordered_worker.h), so that the call returns at once and DDP goes
-// on with its backward pass; CUDA tensors in the caller's thread, on its stream. Every
+// the spec says reduce_scatter=compressed) on the group's worker thread
+// (aggregate/ordered_worker.h), so that the call returns at once and DDP goes on with its
+// backward pass; CUDA tensors there on a side stream ordered after the caller's. Every
 // other call first waits for the queued all-reduces, so no transport call overtakes
 // one. Every other collective is forwarded
 // unchanged to a real transport: the CPU transport (Gloo) for CPU tensors, the CUDA
@@ -49,6 +49,8 @@ class GradzipBackend final : public Backend {
   bool validates() const override { return check_ != nullptr; }
   bool has_cuda_transport() const override { return cuda_ != nullptr; }
   Stats& stats() override { return stats_; }
+  std::map<std::string, at::Tensor> state_dict() override;
+  void load_state_dict(const std::map<std::string, at::Tensor>& state) override;
 
   const std::string getBackendName() const override { return "gradzip"; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
@@ -116,8 +118,8 @@ class GradzipBackend final : public Backend {
   void verify(const CollectiveCall& call);
   void check_call(const CollectiveCall& call);
   // Runs `run` (an aggregation's call) under the key the call sequence gives `named`:
-  // CUDA tensors now, on the current stream; CPU tensors on the worker, in call order,
-  // with errors naming `op`, the key and this rank. The Work's future holds `tensors`.
+  // on the worker, in call order (CUDA tensors on its side stream), with errors naming
+  // `op`, the key and this rank. The Work's future holds `tensors`.
   using Aggregate = std::function<c10::intrusive_ptr<c10d::Work>(const std::string& key)>;
   c10::intrusive_ptr<c10d::Work> aggregate(const char* op, std::vector<at::Tensor> tensors,
                                            const CollectiveCall& call, const at::Tensor& named, const Aggregate& run);

@@ -96,12 +96,11 @@ void bind_aggregation(py::module_& m) {
           },
           py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
           "allreduce_pieces on the aggregation's worker thread, after every call submitted before it; returns "
-          "a c10d Work at once (CUDA tensors: runs now, on the current stream).")
-      .def("state_dict", [](const DirectAggregation& a) { return a.aggregation().state_dict(); })
-      .def("load_state_dict",
-           [](DirectAggregation& a, const std::map<std::string, at::Tensor>& state) {
-             a.aggregation().load_state_dict(state);
-           })
+          "a c10d Work at once (CUDA tensors: on a side stream, after the caller's current stream).")
+      .def("state_dict", &DirectAggregation::state_dict, py::call_guard<py::gil_scoped_release>(),
+           "The aggregation's state once every submitted call has finished.")
+      .def("load_state_dict", &DirectAggregation::load_state_dict, py::call_guard<py::gil_scoped_release>(),
+           "Restores the state once every submitted call has finished.")
       .def("stats", [](DirectAggregation& a) { return stats_to_python(a.stats()); })
       .def("reset_stats", [](DirectAggregation& a) { a.stats().reset(); });
 }

@@ -33,10 +33,10 @@ void bind_backend(py::module_& m) {
             return t ? py::cast(t) : py::none();
           },
           py::arg("device"), "The inner transport (Gloo or NCCL) that carries this device's tensors, or None.")
-      .def("state_dict", [](const gradzip::Backend& b) { return b.aggregation().state_dict(); })
-      .def("load_state_dict", [](gradzip::Backend& b, const std::map<std::string, at::Tensor>& state) {
-        b.aggregation().load_state_dict(state);
-      });
+      .def("state_dict", &gradzip::Backend::state_dict, py::call_guard<py::gil_scoped_release>(),
+           "The aggregation's state once every all_reduce issued before has finished.")
+      .def("load_state_dict", &gradzip::Backend::load_state_dict, py::call_guard<py::gil_scoped_release>(),
+           "Restores the state once every all_reduce issued before has finished.");
   // The implementation's own type, so that pybind11 hands out a group's gradzip backend
   // as a gradzip._C.Backend (it looks objects up by their most-derived type).
   py::class_<GradzipBackend, gradzip::Backend, GilFreeDestructorPtr<GradzipBackend>>(m, "_GradzipBackend");

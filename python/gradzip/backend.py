@@ -45,6 +45,11 @@ def _create_backend(dist_opts, backend_options):
         nccl_options.global_ranks_in_group = dist_opts.global_ranks_in_group
         nccl_options.group_name = f"{dist_opts.group_id}/gradzip-nccl"
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
+        # init_process_group(device_id=...) bound the group to this rank's GPU: so is NCCL,
+        # whose communicators are then made for that device, never one it guesses.
+        bound = getattr(dist_opts.process_group, "bound_device_id", None)
+        if bound is not None and bound.type == "cuda":
+            nccl.bound_device_id = bound
     return _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
 
 

@@ -5,11 +5,13 @@
 
 Each bucket is aggregated with the spec's aggregation and averaged over the ranks
 (DDP does not average when a hook is registered; the hook does). The hook returns at
-once: CPU buckets are aggregated on a worker thread, in bucket order, while autograd
+once (but the last, which waits for all: DDP issues its own calls on the group next):
+CPU buckets are aggregated on a worker thread, in bucket order, while autograd
 computes the gradients of the next buckets; the future completes when the bucket's
-result is in place. CUDA buckets are aggregated on the current stream when the hook
-runs. Error feedback is kept
-per bucket index, or per parameter name when the State is given the model. DDP rebuilds
+result is in place. CUDA buckets too, on a side stream that waits for the stream the
+bucket was computed on; the future makes its waiters' streams wait for the result.
+Error feedback is kept per bucket index, or per parameter name when the State is given
+the model. DDP rebuilds
 its buckets after the first iteration, so the first `start_iter` iterations go exact and
 compressed state starts after them. The returned future holds the bucket's buffer, as
 PyTorch's own hooks do.
@@ -111,4 +113,9 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():
         state.iteration += 1
+        # Right after the last bucket's hook DDP issues calls of its own on the group (the
+        # map of used parameters, with find_unused_parameters=True): the buckets' queued
+        # calls must be out of the way, or ranks could issue them in different orders.
+        # DDP waits for every bucket next anyway.
+        work.wait()
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -101,6 +101,41 @@ def test_asynchronous_ddp_gives_the_synchronous_bits():
     assert torch.equal(backend[0], backend[1])
 
 
+def hook_with_unused_parameters(rank, world, spec):
+    """DDP(find_unused_parameters=True) all-reduces its map of used parameters on the
+    group's own backend right after the last bucket's hook returns: the hook's queued
+    collectives must not be issued concurrently with it (Gloo matches by sequence)."""
+    import gradzip
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([torch.nn.Linear(32, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 10),
+                                  torch.nn.Linear(32, 10)])  # the last one unused
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = layers
+
+        def forward(self, x):
+            return self.layers[2](torch.relu(self.layers[1](torch.relu(self.layers[0](x)))))
+
+    ddp = DDP(Net(), bucket_cap_mb=0.05, find_unused_parameters=True)
+    ddp.register_comm_hook(gradzip.hooks.State(spec, model=ddp), gradzip.hooks.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(6):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+
+
+def test_the_hook_with_unused_parameters():
+    outs = run_ranks(hook_with_unused_parameters, 2, "stc:density=0.05,exchange=twophase", timeout=120)
+    assert torch.isfinite(outs[0]).all()
+    assert torch.equal(outs[0], outs[1])
+
+
 def powersgd_over_gradzip(rank, world):
     """PyTorch's PowerSGD hook waits for a second all-reduce inside a future's callback,
     which runs on gradzip's worker thread: that must not deadlock."""
@@ -123,6 +158,30 @@ def powersgd_over_gradzip(rank, world):
 def test_powersgd_runs_over_the_gradzip_backend():
     outs = run_ranks(powersgd_over_gradzip, 2, timeout=120)
     assert torch.equal(outs[0], outs[1])
+
+
+def broadcast_in_a_callback(rank, world):
+    """A future's callback (on the worker thread) that issues a collective other than
+    all_reduce: it must not wait for the queue to drain, since its own job is in it."""
+    import gradzip
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=SPEC))
+    x = torch.randn(10_000, generator=torch.Generator().manual_seed(rank))
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's future is still pending when its callback is added
+
+    def broadcast_then(future):
+        b = torch.full((3,), float(rank))
+        dist.broadcast(b, src=0)
+        return b
+
+    b = dist.all_reduce(x, async_op=True).get_future().then(broadcast_then).wait()
+    return b, x
+
+
+def test_a_callback_may_issue_another_collective():
+    outs = run_ranks(broadcast_in_a_callback, 2, timeout=120)
+    assert all(torch.equal(b, torch.zeros(3)) for b, _ in outs)
+    assert torch.equal(outs[0][1], outs[1][1])
 
 
 def test_a_rank_may_end_right_after_its_last_wait():

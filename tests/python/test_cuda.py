@@ -1,12 +1,15 @@
 """The GPU codecs against the CPU codecs, and CUDA all-reduces through the gradzip
 backend against the CPU path: the same bytes, residuals and results. Skips without a GPU
 (benchmarks/gpu.sh runs it on a GPU machine, where a skip is a failure)."""
+import time
+
 import pytest
 import torch
 import torch.distributed as dist
 
 import gradzip
 from gradzip import _C
+from gradzip._transport import transport_of
 from ranks import run_ranks
 
 pytestmark = [
@@ -241,6 +244,60 @@ def test_cuda_allreduce_on_a_side_stream(spec):
     (streams,) = run_ranks(allreduce_on_streams, 1, exchanged(spec, 1))
     (cpu,) = run_ranks(allreduce_on, 1, exchanged(spec, 1), "cpu", 4)
     assert same_bits(streams, cpu)
+
+
+def allreduce_behind_a_busy_stream(rank, world, spec):
+    """allreduce_on's two steps on the GPU, the second issued with async_op while the
+    current stream is still busy (a sleep kernel, then the copy that writes the input)."""
+    torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    inputs = [torch.randn(50021, generator=torch.Generator().manual_seed(1000 * step + rank)).cuda()
+              for step in range(2)]
+    t = inputs[0].clone()
+    dist.all_reduce(t)
+    results = [t.cpu()]
+    t = torch.empty_like(inputs[1])
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    torch.cuda._sleep(2_000_000_000)  # about a second at an H100's clock
+    t.copy_(inputs[1])  # the input exists only once the sleep is over
+    work = dist.all_reduce(t, async_op=True)
+    returned = time.perf_counter() - start
+    work.wait()
+    results.append((t * 1).cpu())  # on the current stream, which wait() made wait for the result
+    elapsed = time.perf_counter() - start
+    return torch.stack(results), returned, elapsed
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.01", "sign", "qsgd", "stc:density=0.01"])
+def test_a_cuda_allreduce_returns_while_its_input_is_still_being_computed(spec):
+    """The call returns at once (its work runs on the worker thread's side stream), the
+    side stream waits for the producing stream, and the caller's stream for the result:
+    the same bits as the CPU path."""
+    ((gpu, returned, elapsed),) = run_ranks(allreduce_behind_a_busy_stream, 1, exchanged(spec, 1))
+    (cpu,) = run_ranks(allreduce_on, 1, exchanged(spec, 1), "cpu", 2)
+    assert same_bits(gpu, cpu)
+    assert elapsed > 0.2, f"the sleep kernel took {elapsed:.3f} s: too short to tell"
+    assert returned < elapsed / 4, f"all_reduce took {returned:.3f} s of {elapsed:.3f} s to return"
+
+
+def bound_to_its_gpu(rank, world):
+    torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", device_id=torch.device("cuda", rank),
+                               pg_options=gradzip.Options(aggregation=exchanged("sign", world)))
+    nccl = transport_of(None, torch.device("cuda", rank))
+    t = torch.full((4099,), float(rank + 1), device="cuda")
+    dist.all_reduce(t)
+    dist.barrier()
+    return nccl.bound_device_id, t.cpu()
+
+
+@pytest.mark.parametrize("world", ranks_for_nccl())
+def test_a_group_bound_to_a_gpu_binds_its_nccl_transport(world):
+    """init_process_group(device_id=...) binds the inner NCCL to the rank's GPU."""
+    for rank, (bound, t) in enumerate(run_ranks(bound_to_its_gpu, world)):
+        assert bound == torch.device("cuda", rank)
+        assert torch.equal(t.sign(), torch.ones(4099))
 
 
 def choco_on(rank, world, spec, device, steps):
