@@ -67,7 +67,7 @@ class OrderedWorker {
     c10::intrusive_ptr<c10::ivalue::Future> future;
     // Set by whoever completes the future first: the job, or abort().
     std::shared_ptr<std::atomic<bool>> settled = std::make_shared<std::atomic<bool>>(false);
-    std::optional<c10::Stream> stream;  // current while it runs and completes: device tensors' side stream
+    std::optional<c10::Stream> stream = std::nullopt;  // current while it runs and completes: device tensors' side stream
   };
   void loop();
   static void run(Job& job);

@@ -49,6 +49,7 @@ class GradzipBackend final : public Backend {
   bool validates() const override { return check_ != nullptr; }
   bool has_cuda_transport() const override { return cuda_ != nullptr; }
   Stats& stats() override { return stats_; }
+  void drain() override { worker_.drain(); }
   std::map<std::string, at::Tensor> state_dict() override;
   void load_state_dict(const std::map<std::string, at::Tensor>& state) override;
 

@@ -33,6 +33,8 @@ void bind_backend(py::module_& m) {
             return t ? py::cast(t) : py::none();
           },
           py::arg("device"), "The inner transport (Gloo or NCCL) that carries this device's tensors, or None.")
+      .def("drain", &gradzip::Backend::drain, py::call_guard<py::gil_scoped_release>(),
+           "Returns once every all_reduce issued before has finished.")
       .def("state_dict", &gradzip::Backend::state_dict, py::call_guard<py::gil_scoped_release>(),
            "The aggregation's state once every all_reduce issued before has finished.")
       .def("load_state_dict", &gradzip::Backend::load_state_dict, py::call_guard<py::gil_scoped_release>(),

@@ -31,6 +31,8 @@ class Backend : public c10d::Backend {
   virtual bool has_cuda_transport() const = 0;
   // The bytes all_reduce moved, and what dense fp32 would have moved.
   virtual Stats& stats() = 0;
+  // Returns once every all_reduce issued before has finished (on its worker thread: at once).
+  virtual void drain() = 0;
   // The aggregation's state_dict() / load_state_dict() once every all_reduce issued
   // before has finished (all_reduce runs on a worker thread: gradzip_backend.h).
   virtual std::map<std::string, at::Tensor> state_dict() = 0;

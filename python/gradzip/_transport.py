@@ -5,6 +5,16 @@ import torch.distributed as dist
 from ._extension import _C
 
 
+def drain(group, device: torch.device):
+    """Waits for the all-reduces queued on a gradzip group's worker (nothing for other
+    groups), so that a caller about to use its inner transport directly cannot overtake
+    them."""
+    group = group if group is not None else dist.group.WORLD
+    backend = group._get_backend(torch.device(device.type))
+    if isinstance(backend, _C.Backend):
+        backend.drain()
+
+
 def transport_of(group, device: torch.device):
     """The c10d backend that moves `device` tensors for `group`. For a gradzip group,
     its inner Gloo or NCCL backend: aggregating through the gradzip backend itself

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
-from ._transport import transport_of
+from ._transport import drain, transport_of
 from .options import Spec, bind_spec
 
 
@@ -104,6 +104,11 @@ class State:
 def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """Averages the bucket over the ranks with the state's aggregation."""
     buffer = bucket.buffer()
+    if bucket.index() == 0:
+        # DDP may have issued calls of its own on the group before this iteration's first
+        # bucket (static_graph's map of used parameters): on a gradzip group they are
+        # queued on its worker, and the buckets' calls must not overtake them.
+        drain(state.process_group, buffer.device)
     transport = transport_of(state.process_group, buffer.device)
     whole = [(f"bucket:{bucket.index()}", buffer.numel())]
     if state.iteration < state.start_iter:

@@ -13,8 +13,11 @@
 #include <utility>
 #include <vector>
 
+#include "codec/bitpack.h"
 #include "codec/codec_base.h"
 #include "codec/codec_record.h"
+#include "codec/position_coding.h"
+#include "codec/wire.h"
 #include "cuda_check.h"
 #include "device_codec.h"
 
@@ -278,9 +281,10 @@ TEST_F(CudaKernelsTest, RowsLaidOutDifferentlyDecodeOneByOne) {
   }
 }
 
-// Selections clustered at the tensor's end: the first position's Golomb code is a unary
-// run of thousands of words (written whole by one thread), which the decoder's segments
-// lie inside of.
+// Selections clustered at the tensor's end, but for one large element early on: the
+// second position's Golomb code starts inside the first one's word and is a unary run of
+// up to hundreds of whole words (stored plainly by one thread), which the decoder's
+// segments lie inside of.
 TEST_F(CudaKernelsTest, ClusteredSelectionsCodeLongUnaryRuns) {
   std::vector<int64_t> sizes = {4099, 100003};
   if (!std::getenv("GRADZIP_CUDA_TEST_QUICK")) sizes.push_back((int64_t{1} << 20) + 7);
@@ -291,7 +295,8 @@ TEST_F(CudaKernelsTest, ClusteredSelectionsCodeLongUnaryRuns) {
       for (uint32_t r = 0; r < 4; ++r) {
         std::vector<float> x = random_input(n, r + 60);
         for (int64_t i = 0; i < n - n / 50 - static_cast<int64_t>(r); ++i) x[i] *= 1e-3f;  // the large ones last
-        ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, x, r % 2 == 1, "clustered"));
+        x[5 + r] = 50.0f;  // and one early: the long run starts mid-word
+        ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, x, false, "clustered"));
         cpu->encode(x.data(), n, nullptr, {5, 0, r}, payloads[r]);
       }
       CudaArena arena;
@@ -304,8 +309,9 @@ TEST_F(CudaKernelsTest, ClusteredSelectionsCodeLongUnaryRuns) {
   }
 }
 
-// A Golomb position stream of tens of millions of bits (STC at 10% of 2^26 + 7 elements:
-// more than one chunk of group tables for the chaining kernel) decodes as on the CPU.
+// A Golomb position stream of about 32M bits (STC at 10% of 2^26 + 7 elements: b = 3,
+// about 975 groups of 32768 bits, two chunks of group tables for the chaining kernel)
+// decodes as on the CPU.
 TEST_F(CudaKernelsTest, LongGolombStreamsDecode) {
   if (std::getenv("GRADZIP_CUDA_TEST_QUICK")) GTEST_SKIP() << "GRADZIP_CUDA_TEST_QUICK: the long stream is left out";
   const int64_t n = (int64_t{1} << 26) + 7;
@@ -318,6 +324,43 @@ TEST_F(CudaKernelsTest, LongGolombStreamsDecode) {
   float* d_sum = upload(arena, start);
   device_decode_add(cpu->id(), rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, 1.0f, true);
   ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, 1.0f, false)));
+}
+
+// An STC payload built by hand with the largest Golomb parameter, b = 40 (41 states: 49
+// groups' tables per chunk of the chaining kernel), and 40000 gaps of 1: 1.64M bits, 50
+// groups, so the chain crosses a chunk at a size the sanitizer runs take too. The CPU
+// decoder takes it (b is the payload's to choose).
+TEST_F(CudaKernelsTest, GolombChainCrossesChunksAtTheLargestParameter) {
+  const int64_t n = 100003, k = 40000;
+  const int b = kMaxGolombParameter;
+  std::vector<uint8_t> golomb;
+  bitpack::BitWriter bits(golomb);
+  for (int64_t j = 0; j < k; ++j) {
+    bits.put(0, 1);  // no unary part: every gap is 1
+    bits.put(1, b);
+  }
+  bits.flush();
+  std::vector<std::vector<uint8_t>> payloads(2);
+  for (uint32_t r = 0; r < 2; ++r) {
+    wire::Writer w(payloads[r]);
+    w.header(CodecId::kStc, static_cast<uint64_t>(n));
+    w.put<uint64_t>(static_cast<uint64_t>(k));
+    w.put<float>(0.5f + static_cast<float>(r));
+    w.put<uint8_t>(kGolombPositions);
+    w.put<uint8_t>(static_cast<uint8_t>(b));
+    w.put<uint64_t>(golomb.size());
+    std::memcpy(w.reserve(golomb.size()), golomb.data(), golomb.size());
+    uint8_t* signs = w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(k)));
+    for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(((j * 7 + r) % 3 == 0) << (j % 8));
+  }
+  CudaArena arena;
+  const Rows rows = upload_rows(arena, payloads);
+  const std::vector<float> start(n, 0.0f);
+  float* d_sum = upload(arena, start);
+  device_decode_add(CodecId::kStc, rows.data, rows.stride, rows.sizes, d_sum, n, arena, nullptr, 1.0f, true);
+  const std::vector<float> expected = expected_sum(payloads, start, 1.0f, false);
+  ASSERT_NE(expected[1], 0.0f);  // the CPU took the payloads
+  ASSERT_TRUE(same_bits(download(d_sum, n), expected));
 }
 
 // Bit offsets past 2^31 (16-bit QSGD codes of 2^27 + 33 elements: 2^31 + 528 bits):

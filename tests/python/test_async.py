@@ -101,6 +101,35 @@ def test_asynchronous_ddp_gives_the_synchronous_bits():
     assert torch.equal(backend[0], backend[1])
 
 
+def hook_with_a_static_graph_over_gradzip(rank, world, spec):
+    """DDP(static_graph=True) all-reduces its map of used parameters through the group (a
+    gradzip group: on its backend's worker) before the first iteration's hooks, whose
+    calls go to the same inner transport from the hook's worker: they must not overlap."""
+    import gradzip
+    # validate (the default, stated): the backend's job checks the call over the same
+    # transport first, which widens the window
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce", validate=True))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    ddp = DDP(model, bucket_cap_mb=0.05, static_graph=True)
+    ddp.register_comm_hook(gradzip.hooks.State(spec, model=ddp), gradzip.hooks.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(4):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+
+
+def test_the_hook_with_a_static_graph_over_a_gradzip_group():
+    for _ in range(3):  # the overlap it guards against is a race
+        outs = run_ranks(hook_with_a_static_graph_over_gradzip, 2, "stc:density=0.05,exchange=twophase", timeout=120)
+        assert torch.isfinite(outs[0]).all()
+        assert torch.equal(outs[0], outs[1])
+
+
 def hook_with_unused_parameters(rank, world, spec):
     """DDP(find_unused_parameters=True) all-reduces its map of used parameters on the
     group's own backend right after the last bucket's hook returns: the hook's queued
