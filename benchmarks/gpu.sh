@@ -9,6 +9,14 @@
 #   benchmarks/gpu.sh --quick                  # smaller sizes
 #   benchmarks/gpu.sh --only test,sanitize     # some stages (after a build): build, test,
 #                                              # sanitize, kernels, allreduce
+#   benchmarks/gpu.sh --python PY --debs DIR   # a machine without network: PY's own torch
+#
+# --python PY uses that Python and the torch, pytest, cmake and ninja it has: no virtual
+# environment, no pip download, no apt (the lent GPU machines reach no registry; their
+# python3 holds a CUDA torch). gradzip is built against that torch, whatever its version.
+# --debs DIR unpacks the Debian packages in DIR into a private prefix that the build and
+# the tests use (libzfp, libzstd, libblosc, GoogleTest: what such a machine lacks);
+# scripts/gpu_debs.sh fetches them where apt reaches Debian.
 #
 # A failing stage does not stop the later ones (a first run should tell everything at
 # once); the summary at the end names every stage that failed, and the exit status is 1
@@ -19,11 +27,15 @@ cd "$(dirname "$0")/.."
 
 quick=()
 stages=build,test,sanitize,kernels,allreduce
+given_python=""
+debs=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=(--quick) ;;
     --only) stages=$2; shift ;;
-    *) echo "gpu.sh: unknown argument '$1' (--quick, --only STAGE[,STAGE...])"; exit 2 ;;
+    --python) given_python=$2; shift ;;
+    --debs) debs=$2; shift ;;
+    *) echo "gpu.sh: unknown argument '$1' (--quick, --only STAGE[,STAGE...], --python PY, --debs DIR)"; exit 2 ;;
   esac
   shift
 done
@@ -40,14 +52,36 @@ step() {
 
 # nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them.
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
-PYTHON=${GRADZIP_VENV:-$PWD/.venv}/bin/python
+if [ -n "$given_python" ]; then
+  PYTHON=$given_python
+  [ -x "$PYTHON" ] || { echo "gpu.sh: --python $PYTHON is not an executable"; exit 2; }
+  export PATH="$(dirname "$PYTHON"):$PATH"  # its cmake, ninja, ctest and torchrun
+else
+  PYTHON=${GRADZIP_VENV:-$PWD/.venv}/bin/python
+fi
+if [ -n "$debs" ]; then
+  prefix=${TMPDIR:-/tmp}/gradzip-debs
+  for deb in "$debs"/*.deb; do
+    dpkg-deb -x "$deb" "$prefix" || { echo "gpu.sh: could not unpack $deb"; exit 1; }
+  done
+  libdir=$prefix/usr/lib/$(uname -m)-linux-gnu
+  export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
+  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "gpu.sh: the packages of $debs unpacked in $prefix"
+fi
 
 if wanted build; then
-  make deps || { echo "gpu.sh: make deps failed"; exit 1; }
   command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; exit 1; }
   # The build, with the CUDA kernels required (configure fails without nvcc).
-  rm -f build/.installed
-  GRADZIP_CUDA=ON make build || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
+  if [ -n "$given_python" ]; then
+    # No MPI transport: an MPI found by chance on such a machine is not what its tests need.
+    GRADZIP_CUDA=ON GRADZIP_CMAKE_ARGS="-DGRADZIP_MPI=OFF" "$PYTHON" -m pip install -q --no-build-isolation \
+      --no-deps --no-index -e . || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
+  else
+    make deps || { echo "gpu.sh: make deps failed"; exit 1; }
+    rm -f build/.installed
+    GRADZIP_CUDA=ON make build || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
+  fi
   # Recompile the kernels verbosely to keep ptxas's report (registers, spills, smem).
   touch cuda/*.cu
   cmake --build build -v 2>&1 | tee build/ptxas.log >/dev/null

@@ -106,6 +106,43 @@ def test_gpu_script_runs_every_stage_and_names_what_failed(tmp_path):
     assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stdout
 
 
+def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
+    # The path for a GPU machine without network: --python puts that Python's directory
+    # (its ctest, cmake, ninja) first on PATH, and --debs unpacks the packages into a
+    # private prefix that the build (CMAKE_PREFIX_PATH) and the tests (LD_LIBRARY_PATH) see.
+    bin_dir = tmp_path / "env" / "bin"
+    bin_dir.mkdir(parents=True)
+    tools = {"python": FAKE_PYTHON,
+             "ctest": '#!/bin/bash\necho "ctest sees LD_LIBRARY_PATH=$LD_LIBRARY_PATH CMAKE_PREFIX_PATH=$CMAKE_PREFIX_PATH"\n'}
+    for name, text in tools.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    arch = subprocess.run(["uname", "-m"], capture_output=True, text=True).stdout.strip()
+    package = tmp_path / "package"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: gradzip-fake\nVersion: 1\nArchitecture: all\nMaintainer: gradzip\nDescription: a test\n")
+    lib = package / "usr" / "lib" / f"{arch}-linux-gnu"
+    lib.mkdir(parents=True)
+    (lib / "libgradzipfake.so.1").write_text("not a library")
+    debs = tmp_path / "debs"
+    debs.mkdir()
+    subprocess.run(["dpkg-deb", "--build", str(package), str(debs / "fake.deb")], check=True, capture_output=True)
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--python", str(bin_dir / "python"),
+                           "--debs", str(debs), "--only", "test"],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    out = done.stdout + done.stderr
+    prefix = tmp_path / "gradzip-debs"
+    assert (prefix / "usr" / "lib" / f"{arch}-linux-gnu" / "libgradzipfake.so.1").exists(), out
+    assert f"ctest sees LD_LIBRARY_PATH={prefix}/usr/lib/{arch}-linux-gnu" in out, out
+    assert f"CMAKE_PREFIX_PATH={prefix}/usr" in out, out
+    assert "=== gpu.sh: ctest: ok" in out, out
+    missing = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--python", str(tmp_path / "nothing")],
+                             capture_output=True, text=True, cwd=ROOT)
+    assert missing.returncode == 2 and "is not an executable" in missing.stdout
+
+
 def test_train_benchmark_quick(tmp_path):
     out = torchrun("benchmarks/train.py", "--quick", "--out", str(tmp_path / "train"))
     result = json.loads((tmp_path / "train.json").read_text())
