@@ -101,6 +101,19 @@ def test_asynchronous_ddp_gives_the_synchronous_bits():
     assert torch.equal(backend[0], backend[1])
 
 
+def train_with_the_hook(ddp, rank, spec, steps):
+    """`steps` SGD steps of ddp (inputs of 32 features) with gradzip's hook; its parameters."""
+    import gradzip
+    ddp.register_comm_hook(gradzip.hooks.State(spec, model=ddp), gradzip.hooks.hook)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
+        opt.step()
+    return torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+
+
 def hook_with_a_static_graph_over_gradzip(rank, world, spec):
     """DDP(static_graph=True) all-reduces its map of used parameters through the group (a
     gradzip group: on its backend's worker) before the first iteration's hooks, whose
@@ -113,14 +126,7 @@ def hook_with_a_static_graph_over_gradzip(rank, world, spec):
     model = torch.nn.Sequential(torch.nn.Linear(32, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
                                 torch.nn.Linear(256, 10))
     ddp = DDP(model, bucket_cap_mb=0.05, static_graph=True)
-    ddp.register_comm_hook(gradzip.hooks.State(spec, model=ddp), gradzip.hooks.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for step in range(4):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        opt.zero_grad()
-        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
-        opt.step()
-    return torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+    return train_with_the_hook(ddp, rank, spec, 4)
 
 
 def test_the_hook_with_a_static_graph_over_a_gradzip_group():
@@ -134,7 +140,6 @@ def hook_with_unused_parameters(rank, world, spec):
     """DDP(find_unused_parameters=True) all-reduces its map of used parameters on the
     group's own backend right after the last bucket's hook returns: the hook's queued
     collectives must not be issued concurrently with it (Gloo matches by sequence)."""
-    import gradzip
     dist.init_process_group("gloo")
     torch.manual_seed(0)
     layers = torch.nn.ModuleList([torch.nn.Linear(32, 256), torch.nn.Linear(256, 256), torch.nn.Linear(256, 10),
@@ -149,14 +154,7 @@ def hook_with_unused_parameters(rank, world, spec):
             return self.layers[2](torch.relu(self.layers[1](torch.relu(self.layers[0](x)))))
 
     ddp = DDP(Net(), bucket_cap_mb=0.05, find_unused_parameters=True)
-    ddp.register_comm_hook(gradzip.hooks.State(spec, model=ddp), gradzip.hooks.hook)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    for step in range(6):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        opt.zero_grad()
-        ddp(torch.randn(16, 32, generator=g)).pow(2).mean().backward()
-        opt.step()
-    return torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+    return train_with_the_hook(ddp, rank, spec, 6)
 
 
 def test_the_hook_with_unused_parameters():
