@@ -56,19 +56,18 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
     devices.push_back(device);
   }
   auto future = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()), devices);
+  Job next{std::move(job), std::move(tensors), future};
+  next.stream = stream;
   {
     std::unique_lock<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "gradzip: the process group's worker has stopped");
     TORCH_CHECK(aborted_.empty(), aborted_);
     if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
       lock.unlock();
-      Job now{std::move(job), std::move(tensors), future};
-      now.stream = stream;
-      run(now);
+      run(next);
       return c10::make_intrusive<FutureWork>(future);
     }
-    jobs_.push_back({std::move(job), std::move(tensors), future});
-    jobs_.back().stream = stream;
+    jobs_.push_back(std::move(next));
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
   }
   wake_.notify_one();

@@ -72,16 +72,6 @@ const c10::intrusive_ptr<c10d::Backend>& GradzipBackend::transport_for(const std
   return transport_for(tensors.front(), op);
 }
 
-std::map<std::string, at::Tensor> GradzipBackend::state_dict() {
-  worker_.drain();
-  return aggregation_->state_dict();
-}
-
-void GradzipBackend::load_state_dict(const std::map<std::string, at::Tensor>& state) {
-  worker_.drain();
-  aggregation_->load_state_dict(state);
-}
-
 void GradzipBackend::verify(const CollectiveCall& call) {
   worker_.drain();
   check_call(call);

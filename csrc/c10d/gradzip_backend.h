@@ -50,8 +50,6 @@ class GradzipBackend final : public Backend {
   bool has_cuda_transport() const override { return cuda_ != nullptr; }
   Stats& stats() override { return stats_; }
   void drain() override { worker_.drain(); }
-  std::map<std::string, at::Tensor> state_dict() override;
-  void load_state_dict(const std::map<std::string, at::Tensor>& state) override;
 
   const std::string getBackendName() const override { return "gradzip"; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }

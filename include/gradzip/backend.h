@@ -35,8 +35,14 @@ class Backend : public c10d::Backend {
   virtual void drain() = 0;
   // The aggregation's state_dict() / load_state_dict() once every all_reduce issued
   // before has finished (all_reduce runs on a worker thread: gradzip_backend.h).
-  virtual std::map<std::string, at::Tensor> state_dict() = 0;
-  virtual void load_state_dict(const std::map<std::string, at::Tensor>& state) = 0;
+  std::map<std::string, at::Tensor> state_dict() {
+    drain();
+    return aggregation().state_dict();
+  }
+  void load_state_dict(const std::map<std::string, at::Tensor>& state) {
+    drain();
+    aggregation().load_state_dict(state);
+  }
 };
 
 // A gradzip backend over a CPU transport and an optional CUDA transport (null: none),

@@ -5,12 +5,17 @@ import torch.distributed as dist
 from ._extension import _C
 
 
+def _backend(group, device: torch.device):
+    """The c10d backend of `group` (None: the default group) for `device` tensors."""
+    group = group if group is not None else dist.group.WORLD
+    return group._get_backend(torch.device(device.type))
+
+
 def drain(group, device: torch.device):
     """Waits for the all-reduces queued on a gradzip group's worker (nothing for other
     groups), so that a caller about to use its inner transport directly cannot overtake
     them."""
-    group = group if group is not None else dist.group.WORLD
-    backend = group._get_backend(torch.device(device.type))
+    backend = _backend(group, device)
     if isinstance(backend, _C.Backend):
         backend.drain()
 
@@ -19,8 +24,7 @@ def transport_of(group, device: torch.device):
     """The c10d backend that moves `device` tensors for `group`. For a gradzip group,
     its inner Gloo or NCCL backend: aggregating through the gradzip backend itself
     would apply its configured aggregation a second time."""
-    group = group if group is not None else dist.group.WORLD
-    backend = group._get_backend(torch.device(device.type))
+    backend = _backend(group, device)
     if isinstance(backend, _C.Backend):
         inner = backend.transport(device.type)
         if inner is None:
