@@ -26,11 +26,13 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
               "gradzip: the CUDA transport's rank and size differ from the backend's");
   if (validate) {
     check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
-    receives_ = std::make_unique<CheckedReceives>();
+    receives_ = CheckedReceives::create();
   }
 }
 
-GradzipBackend::~GradzipBackend() = default;
+GradzipBackend::~GradzipBackend() {
+  if (receives_) receives_->stop("gradzip: the process group was destroyed while this recv waited");
+}
 
 c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpu_transport,
                                          c10::intrusive_ptr<c10d::Backend> cuda_transport, const BoundSpec& spec,
@@ -314,6 +316,7 @@ uint64_t GradzipBackend::getSequenceNumberForGroup() {
 void GradzipBackend::shutdown() {
   if (closed_.exchange(true)) return;
   worker_.drain();
+  if (receives_) receives_->stop("gradzip: the process group was shut down while this recv waited");
   cpu_->shutdown();
   if (cuda_) cuda_->shutdown();
 }
@@ -321,6 +324,7 @@ void GradzipBackend::shutdown() {
 void GradzipBackend::abort() {
   if (closed_.exchange(true)) return;
   worker_.abort("gradzip: the process group was aborted (abort() was called) while this all_reduce ran or waited");
+  if (receives_) receives_->stop("gradzip: the process group was aborted (abort() was called) while this recv waited");
   cpu_->abort();
   if (cuda_) cuda_->abort();
 }

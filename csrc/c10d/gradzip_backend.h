@@ -127,7 +127,7 @@ class GradzipBackend final : public Backend {
   c10::intrusive_ptr<c10d::Backend> cuda_;
   std::unique_ptr<Aggregation> aggregation_;
   std::unique_ptr<CollectiveCheck> check_;
-  std::unique_ptr<CheckedReceives> receives_;  // with check_
+  std::shared_ptr<CheckedReceives> receives_;  // with check_
   c10::intrusive_ptr<Options> options_;
   Stats stats_;
   std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets

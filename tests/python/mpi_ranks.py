@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 import gradzip
+import p2p_patterns
 
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "product": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
               "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG, "band": dist.ReduceOp.BAND,
@@ -188,7 +189,18 @@ def check_other_collectives(rank, size, gloo):
     dist.barrier()
 
 
-def check_point_to_point(rank, size):
+def check_point_to_point(rank, size, gloo):
+    # Every pattern of p2p_patterns, posted and waited for in every order, as on Gloo.
+    for name, make in p2p_patterns.PATTERNS.items():
+        for n in (0, 1000, 1 << 18):
+            for post in p2p_patterns.POST_ORDERS:
+                for wait in p2p_patterns.WAIT_ORDERS:
+                    what = f"{name}, {n} elements, posted {post}, waited {wait}"
+                    got = [p2p_patterns.exchange(group, *make(rank, size, n), post, wait)
+                           for group in (dist.group.WORLD, gloo)]
+                    p2p_patterns.check(rank, make(rank, size, n)[1], got[0], what)
+                    for ours, theirs in zip(*got):
+                        same_bits(ours, theirs, what)
     peer_next, peer_prev = (rank + 1) % size, (rank - 1) % size
     # Both directions at once (each rank sends before it receives): posted without blocking.
     big = torch.full((1 << 20,), float(rank))
@@ -242,7 +254,7 @@ def conformance():
     gloo = dist.new_group(backend="gloo")
     check_all_reduce(rank, size, gloo)
     check_other_collectives(rank, size, gloo)
-    check_point_to_point(rank, size)
+    check_point_to_point(rank, size, gloo)
     check_subgroup(rank, size)
     dist.destroy_process_group()
     return rank
