@@ -11,6 +11,8 @@ std::vector<at::Tensor> FutureWork::result() {
 }
 
 bool FutureWork::wait(std::chrono::milliseconds timeout) {
+  const bool own = timeout != kNoTimeout;
+  if (!own) timeout = default_timeout_;
   if (timeout != kNoTimeout && !future_->completed()) {
     auto done = std::make_shared<std::pair<std::mutex, std::condition_variable>>();
     future_->addCallback([done](c10::ivalue::Future&) {
@@ -19,8 +21,8 @@ bool FutureWork::wait(std::chrono::milliseconds timeout) {
     });
     std::unique_lock<std::mutex> lock(done->first);
     const bool finished = done->second.wait_for(lock, timeout, [this] { return future_->completed(); });
-    TORCH_CHECK(finished, "gradzip: the call did not finish within Work.wait's timeout of ", timeout.count(),
-                " ms (it goes on in the background)");
+    TORCH_CHECK(finished, "gradzip: the call did not finish within ", own ? "Work.wait's" : "the group's",
+                " timeout of ", timeout.count(), " ms (it goes on in the background)");
   }
   future_->waitAndThrow();
   return true;

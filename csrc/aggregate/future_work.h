@@ -18,8 +18,9 @@ namespace gradzip {
 class FutureWork final : public c10d::Work {
  public:
   explicit FutureWork(c10::intrusive_ptr<c10::ivalue::Future> future,
-                      std::shared_ptr<std::atomic<int>> source = nullptr)
-      : future_(std::move(future)), source_(std::move(source)) {}
+                      std::shared_ptr<std::atomic<int>> source = nullptr,
+                      std::chrono::milliseconds default_timeout = kNoTimeout)
+      : future_(std::move(future)), source_(std::move(source)), default_timeout_(default_timeout) {}
   bool isCompleted() override { return future_->completed(); }
   bool isSuccess() const override { return future_->completed() && !future_->hasError(); }
   std::exception_ptr exception() const override {
@@ -33,6 +34,7 @@ class FutureWork final : public c10d::Work {
  private:
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::shared_ptr<std::atomic<int>> source_;
+  std::chrono::milliseconds default_timeout_;
 };
 
 }  // namespace gradzip

@@ -26,7 +26,7 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
               "gradzip: the CUDA transport's rank and size differ from the backend's");
   if (validate) {
     check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
-    receives_ = CheckedReceives::create();
+    receives_ = CheckedReceives::create(timeout);
   }
 }
 
@@ -43,6 +43,7 @@ c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<
 
 void GradzipBackend::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
+  if (receives_) receives_->set_timeout(timeout);
   cpu_->setTimeout(timeout);
   if (cuda_) cuda_->setTimeout(timeout);
 }

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <atomic>
 #include <limits>
 #include <thread>
@@ -13,6 +14,10 @@ namespace {
 
 constexpr int64_t kHeaderMagic = 0x475A5032;  // "GZP2"
 constexpr int64_t kDrainSlack = int64_t{1} << 20;
+// How long a lane waits for a transport work: for all practical purposes unbounded (a
+// header receive posted ahead may wait for the next message a long while); the
+// application's wait() applies the group's timeout.
+constexpr std::chrono::milliseconds kLaneWait = std::chrono::hours(24 * 365);
 
 at::Tensor header_of(const at::Tensor& tensor) {
   return at::tensor({kHeaderMagic, static_cast<int64_t>(tensor.scalar_type()), tensor.numel()}, at::kLong);
@@ -24,6 +29,18 @@ std::string describe(int64_t dtype, int64_t numel) {
 
 std::exception_ptr error(const std::string& what) {
   return std::make_exception_ptr(c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, what));
+}
+
+void check_tag(int tag, const char* op) {
+  TORCH_CHECK(tag >= 0 && tag < kDataTagOffset, "gradzip: checked ", op, " takes tags 0..", kDataTagOffset - 1,
+              ", got ", tag, " (a message's data travels on its tag + ", kDataTagOffset, ")");
+}
+
+void abort_quietly(c10d::Work& work) {
+  try {
+    work.abort();
+  } catch (const std::exception&) {  // a transport whose works cannot abort ends them at its shutdown
+  }
 }
 
 // Both sends: done when both are.
@@ -57,10 +74,11 @@ bool drainable_announcement(int64_t announced, int64_t expected) {
 
 c10::intrusive_ptr<c10d::Work> checked_send(const c10::intrusive_ptr<c10d::Backend>& transport, at::Tensor tensor,
                                             int dst_rank, int tag) {
+  check_tag(tag, "send");
   std::vector<at::Tensor> header = {header_of(tensor)};
   auto header_work = transport->send(header, dst_rank, tag);
   std::vector<at::Tensor> data = {std::move(tensor)};
-  return c10::make_intrusive<SendWork>(std::move(header_work), transport->send(data, dst_rank, tag));
+  return c10::make_intrusive<SendWork>(std::move(header_work), transport->send(data, dst_rank, tag + kDataTagOffset));
 }
 
 struct CheckedReceives::Receive {
@@ -71,14 +89,25 @@ struct CheckedReceives::Receive {
       c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
   std::shared_ptr<std::atomic<int>> source = std::make_shared<std::atomic<int>>(-1);
 
+  bool accepts(int rank) const { return src < 0 || src == rank; }
   std::string what() const {
-    return "recv from " + (src < 0 ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
-           std::to_string(tag) + ")";
+    return "gradzip: recv from " + (src < 0 ? std::string("any rank") : "rank " + std::to_string(src)) + " (tag " +
+           std::to_string(tag) + ") on rank " + std::to_string(transport->getRank());
   }
 };
 
-std::shared_ptr<CheckedReceives> CheckedReceives::create() {
-  return std::shared_ptr<CheckedReceives>(new CheckedReceives());
+struct CheckedReceives::Header {
+  at::Tensor values = at::empty({3}, at::kLong);
+  int source = -1;  // known once it is in
+};
+
+std::shared_ptr<CheckedReceives> CheckedReceives::create(std::chrono::milliseconds timeout) {
+  return std::shared_ptr<CheckedReceives>(new CheckedReceives(timeout));
+}
+
+void CheckedReceives::set_timeout(std::chrono::milliseconds timeout) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  timeout_ = timeout;
 }
 
 c10::intrusive_ptr<c10d::Work> CheckedReceives::recv(const c10::intrusive_ptr<c10d::Backend>& transport,
@@ -86,51 +115,195 @@ c10::intrusive_ptr<c10d::Work> CheckedReceives::recv(const c10::intrusive_ptr<c1
   TORCH_CHECK(tensor.layout() == at::kStrided, "gradzip: recv needs a dense (strided) tensor, not ", tensor.layout());
   TORCH_CHECK(src_rank < transport->getSize(), "gradzip: recv from rank ", src_rank, " in a group of ",
               transport->getSize());
+  check_tag(tag, "recv");
   auto receive = std::make_shared<Receive>(Receive{transport, std::move(tensor), src_rank < 0 ? -1 : src_rank, tag});
-  auto work = c10::make_intrusive<FutureWork>(receive->future, receive->source);
-  std::exception_ptr refused;
+  Done done;
+  std::chrono::milliseconds timeout;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     TORCH_CHECK(!stopping_, "gradzip: recv on a process group that was shut down or aborted");
-    refused = broken(receive->src, tag);
-    if (!refused) admit(receive);
+    timeout = timeout_;
+    if (auto refused = broken(receive->src, tag)) {
+      done.push_back([receive, refused] { finish(receive, refused); });
+    } else {
+      TagState& state = tags_[tag];
+      const auto held = std::find_if(state.held.begin(), state.held.end(),
+                                     [&](const auto& header) { return receive->accepts(header->source); });
+      if (held != state.held.end()) {
+        const auto header = *held;
+        state.held.erase(held);
+        take(*header, receive, done);
+      } else {
+        state.pending.push_back(receive);
+        try {
+          want_header(transport, receive->src, tag);
+        } catch (const std::exception&) {
+          state.pending.pop_back();
+          throw;
+        }
+      }
+    }
   }
-  if (refused) receive->future->setError(refused);
-  return work;
+  for (const auto& finish_one : done) finish_one();
+  return c10::make_intrusive<FutureWork>(receive->future, receive->source, timeout);
 }
 
-void CheckedReceives::admit(const std::shared_ptr<Receive>& receive) {
-  Gate& gate = gates_[receive->tag];
-  const bool any_source = receive->src < 0;
-  if (gate.waiting.empty() && (gate.running == 0 || gate.any_source == any_source)) {
-    gate.any_source = any_source;
-    ++gate.running;
-    schedule(receive);
+void CheckedReceives::want_header(const c10::intrusive_ptr<c10d::Backend>& transport, int src, int tag) {
+  bool& posting = tags_[tag].posting[src];
+  if (posting) return;
+  auto header = std::make_shared<Header>();
+  std::vector<at::Tensor> into = {header->values};
+  auto work = src < 0 ? transport->recvAnysource(into, tag) : transport->recv(into, src, tag);
+  posting = true;
+  enqueue({LaneKind::kHeaders, src, tag},
+          Step{work, [self = shared_from_this(), transport, src, tag, header](c10d::Work& done_work,
+                                                                              std::exception_ptr failure) {
+                 Done done;
+                 {
+                   std::lock_guard<std::mutex> lock(self->mutex_);
+                   self->header_in(transport, src, tag, done_work, header, failure, done);
+                 }
+                 for (const auto& finish_one : done) finish_one();
+               }});
+}
+
+void CheckedReceives::header_in(const c10::intrusive_ptr<c10d::Backend>& transport, int src, int tag,
+                                c10d::Work& work, const std::shared_ptr<Header>& header, std::exception_ptr failure,
+                                Done& done) {
+  if (stopping_) return;  // stop() failed the receives
+  TagState& state = tags_[tag];
+  state.posting[src] = false;
+  if (failure) {
+    if (src >= 0) {
+      break_stream(tag, src, failure, done);
+    } else {
+      fail_pending(tag, src, failure, done);
+    }
+    return;
+  }
+  header->source = src < 0 ? work.sourceRank() : src;
+  const int source = header->source;
+  const int64_t* h = header->values.data_ptr<int64_t>();
+  const bool known = h[1] >= 0 && h[1] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
+                     h[1] != static_cast<int64_t>(at::ScalarType::Undefined) && h[2] >= 0 &&
+                     h[2] <= std::numeric_limits<int64_t>::max() / 16;
+  if (h[0] != kHeaderMagic || !known) {
+    const std::string why = h[0] != kHeaderMagic
+                                ? "got no gradzip send header (both ranks must use gradzip groups with the same "
+                                  "validate setting)"
+                                : "got a corrupt send header (dtype " + std::to_string(h[1]) + ", " +
+                                      std::to_string(h[2]) + " elements)";
+    const auto out_of_step = error("gradzip: a message from rank " + std::to_string(source) + " (tag " +
+                                   std::to_string(tag) + ") on rank " + std::to_string(transport->getRank()) + " " +
+                                   why + "; every receive from rank " + std::to_string(source) + " with tag " +
+                                   std::to_string(tag) + " fails from now on (the stream is out of step)");
+    const auto taker = std::find_if(state.pending.begin(), state.pending.end(),
+                                    [&](const auto& receive) { return receive->accepts(source); });
+    if (taker != state.pending.end()) {
+      const auto receive = *taker;
+      state.pending.erase(taker);
+      done.push_back([receive, out_of_step] { finish(receive, out_of_step); });
+    }
+    break_stream(tag, source, out_of_step, done);
+  } else if (!broken(source, tag)) {
+    const auto taker = std::find_if(state.pending.begin(), state.pending.end(),
+                                    [&](const auto& receive) { return receive->accepts(source); });
+    if (taker != state.pending.end()) {
+      const auto receive = *taker;
+      state.pending.erase(taker);
+      take(*header, receive, done);
+    } else {
+      state.held.push_back(header);
+    }
+  }
+  // The lane's next header: posted ahead on Gloo, whose receives wait as long as asked;
+  // elsewhere only for a receive that still wants one.
+  const bool wanted = std::any_of(state.pending.begin(), state.pending.end(),
+                                  [&](const auto& receive) { return receive->src == src; });
+  const bool ahead = src >= 0 && transport->getBackendName() == "gloo";
+  if ((wanted || ahead) && !broken(src, tag)) {
+    try {
+      want_header(transport, src, tag);
+    } catch (const std::exception&) {
+      fail_pending(tag, src, std::current_exception(), done);
+    }
+  }
+}
+
+void CheckedReceives::take(const Header& header, const std::shared_ptr<Receive>& receive, Done& done) {
+  const int source = header.source;
+  receive->source->store(source);
+  const int64_t* h = header.values.data_ptr<int64_t>();
+  const auto dtype = static_cast<at::ScalarType>(h[1]);
+  const at::Tensor& tensor = receive->tensor;
+  // A non-contiguous tensor takes the data through a contiguous copy (Gloo refuses one).
+  at::Tensor into = tensor.is_contiguous() ? tensor : at::empty(tensor.sizes(), tensor.options());
+  std::exception_ptr mismatch;
+  if (dtype != tensor.scalar_type() || h[2] != tensor.numel()) {
+    const int64_t announced = h[2] * static_cast<int64_t>(c10::elementSize(dtype));
+    const std::string sides = receive->what() + " expects " +
+                              describe(static_cast<int64_t>(tensor.scalar_type()), tensor.numel()) + ", rank " +
+                              std::to_string(source) + " sent " + describe(h[1], h[2]);
+    if (!drainable_announcement(announced, static_cast<int64_t>(tensor.nbytes()))) {
+      const auto refused = error(sides + ": more than 4x the receive's bytes + 1 MiB, so it is not received; every "
+                                 "receive from rank " + std::to_string(source) + " with tag " +
+                                 std::to_string(receive->tag) + " fails from now on (the stream is out of step)");
+      done.push_back([receive, refused] { finish(receive, refused); });
+      break_stream(receive->tag, source, refused, done);
+      return;
+    }
+    mismatch = error(sides + "; the data was received and dropped, the tensor is unchanged");
+    into = at::empty({h[2]}, at::dtype(dtype));
+  }
+  std::vector<at::Tensor> buffer = {into};
+  c10::intrusive_ptr<c10d::Work> work;
+  try {
+    work = receive->transport->recv(buffer, source, receive->tag + kDataTagOffset);
+  } catch (const std::exception&) {
+    const auto failure = std::current_exception();
+    done.push_back([receive, failure] { finish(receive, failure); });
+    return;
+  }
+  enqueue({LaneKind::kData, source, receive->tag},
+          Step{work, [receive, into, mismatch](c10d::Work&, std::exception_ptr failure) {
+                 if (!failure && !mismatch && !into.is_same(receive->tensor)) receive->tensor.copy_(into);
+                 finish(receive, failure ? failure : mismatch);
+               }});
+}
+
+void CheckedReceives::break_stream(int tag, int source, std::exception_ptr why, Done& done) {
+  broken_[tag].emplace(source, why);
+  auto& held = tags_[tag].held;
+  held.erase(std::remove_if(held.begin(), held.end(), [&](const auto& header) { return header->source == source; }),
+             held.end());
+  fail_pending(tag, source, why, done);
+}
+
+void CheckedReceives::fail_pending(int tag, int src, std::exception_ptr failure, Done& done) {
+  auto& pending = tags_[tag].pending;
+  for (auto it = pending.begin(); it != pending.end();) {
+    if ((*it)->src == src) {
+      done.push_back([receive = *it, failure] { finish(receive, failure); });
+      it = pending.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void CheckedReceives::finish(const std::shared_ptr<Receive>& receive, std::exception_ptr failure) {
+  if (failure) {
+    receive->future->setError(failure);
   } else {
-    gate.waiting.push_back(receive);
+    receive->future->markCompleted(c10::IValue(std::vector<at::Tensor>{receive->tensor}));
   }
 }
 
-void CheckedReceives::settle(const Receive& receive) {
-  const auto found = gates_.find(receive.tag);
-  if (found == gates_.end()) return;  // stopped
-  Gate& gate = found->second;
-  --gate.running;
-  while (!gate.waiting.empty() && (gate.running == 0 || gate.waiting.front()->src < 0 == gate.any_source)) {
-    gate.any_source = gate.waiting.front()->src < 0;
-    ++gate.running;
-    schedule(gate.waiting.front());
-    gate.waiting.pop_front();
-  }
-  if (gate.running == 0) gates_.erase(found);
-}
-
-void CheckedReceives::schedule(const std::shared_ptr<Receive>& receive) {
-  const LineKey key{receive->src, receive->tag};
-  Line& line = lines_[key];
-  line.queue.push_back(receive);
-  if (line.scheduled) return;
-  line.scheduled = true;
+void CheckedReceives::enqueue(const LaneKey& key, Step step) {
+  Lane& lane = lanes_[key];
+  lane.steps.push_back(std::move(step));
+  if (lane.scheduled) return;
+  lane.scheduled = true;
   ready_.push_back(key);
   if (idle_ > 0) {
     --idle_;
@@ -142,8 +315,7 @@ void CheckedReceives::schedule(const std::shared_ptr<Receive>& receive) {
 
 std::exception_ptr CheckedReceives::broken(int src, int tag) const {
   const auto found = broken_.find(tag);
-  if (found == broken_.end()) return nullptr;
-  if (src < 0) return found->second.begin()->second;  // a header from any of them could be a stray message
+  if (found == broken_.end() || src < 0) return nullptr;  // any source: the others may still send
   const auto from = found->second.find(src);
   return from == found->second.end() ? nullptr : from->second;
 }
@@ -153,140 +325,57 @@ void CheckedReceives::serve() {
   while (true) {
     wake_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
     if (ready_.empty()) return;
-    const LineKey key = ready_.front();
+    const LaneKey key = ready_.front();
     ready_.pop_front();
-    run_line(lock, key);
+    run_lane(lock, key);
     if (stopping_ && ready_.empty()) return;
     ++idle_;
   }
 }
 
-void CheckedReceives::run_line(std::unique_lock<std::mutex>& lock, const LineKey& key) {
-  Line& line = lines_[key];
-  while (!line.queue.empty()) {
-    const std::shared_ptr<Receive> receive = line.queue.front();
-    std::exception_ptr outcome = stopping_ ? error(stop_reason_) : broken(receive->src, receive->tag);
-    if (!outcome) {
-      lock.unlock();
-      outcome = receive_one(*receive, line);
-      lock.lock();
-      line.in_flight.reset();
-    }
-    line.queue.pop_front();
-    settle(*receive);
+void CheckedReceives::run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key) {
+  Lane& lane = lanes_[key];
+  while (!lane.steps.empty()) {
+    const Step step = lane.steps.front();  // stays queued while in flight: stop() aborts it there
     lock.unlock();
-    if (outcome) {
-      receive->future->setError(outcome);
-    } else {
-      receive->future->markCompleted(c10::IValue(std::vector<at::Tensor>{receive->tensor}));
-    }
-    lock.lock();
-  }
-  lines_.erase(key);
-}
-
-c10::intrusive_ptr<c10d::Work> CheckedReceives::post(Line& line, c10::intrusive_ptr<c10d::Work> work) {
-  bool aborted = false;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    line.in_flight = work;
-    aborted = stopping_;
-  }
-  if (aborted) {
+    std::exception_ptr failure;
+    bool finished = false;
     try {
-      work->abort();
-    } catch (const std::exception&) {  // a transport whose works cannot abort ends them at its shutdown
+      finished = step.work->wait(kLaneWait);
+    } catch (const std::exception&) {
+      failure = std::current_exception();
     }
+    if (!failure && !finished) {
+      std::lock_guard<std::mutex> relock(mutex_);
+      failure = error(stop_reason_.empty() ? "gradzip: a receive was aborted" : stop_reason_);
+    }
+    step.then(*step.work, failure);
+    lock.lock();
+    lane.steps.pop_front();
   }
-  return work;
-}
-
-std::exception_ptr CheckedReceives::receive_one(Receive& receive, Line& line) {
-  const auto& transport = receive.transport;
-  const std::string what = receive.what();
-  int source = receive.src;
-  // The stream from `source` on this tag is out of step: later receives from it fail too.
-  auto out_of_step = [&](const std::string& why) {
-    auto failure = error("gradzip: " + what + " on rank " + std::to_string(transport->getRank()) + ": " + why +
-                         "; later receives from rank " + std::to_string(source) + " with tag " +
-                         std::to_string(receive.tag) + " fail too (the stream is out of step)");
-    std::lock_guard<std::mutex> lock(mutex_);
-    broken_[receive.tag].emplace(source, failure);
-    return failure;
-  };
-  auto aborted = [&] {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return error(stop_reason_.empty() ? "gradzip: " + what + " was aborted" : stop_reason_);
-  };
-  try {
-    std::vector<at::Tensor> header = {at::empty({3}, at::kLong)};
-    auto arrived = post(line, receive.src < 0 ? transport->recvAnysource(header, receive.tag)
-                                              : transport->recv(header, receive.src, receive.tag));
-    if (!arrived->wait()) return aborted();
-    if (receive.src < 0) source = arrived->sourceRank();
-    receive.source->store(source);
-
-    const int64_t* h = header.front().data_ptr<int64_t>();
-    if (h[0] != kHeaderMagic) {
-      return out_of_step("got no gradzip send header (both ranks must use gradzip groups with the same validate "
-                         "setting)");
-    }
-    const bool known = h[1] >= 0 && h[1] < static_cast<int64_t>(at::ScalarType::NumOptions) && h[2] >= 0 &&
-                       h[2] <= std::numeric_limits<int64_t>::max() / 16;
-    const auto dtype = static_cast<at::ScalarType>(known ? h[1] : 0);
-    if (!known || dtype == at::ScalarType::Undefined) {
-      return out_of_step("got a corrupt send header (dtype " + std::to_string(h[1]) + ", " + std::to_string(h[2]) +
-                         " elements)");
-    }
-    const auto& tensor = receive.tensor;
-    // A non-contiguous tensor takes the data through a contiguous copy (Gloo refuses one).
-    std::vector<at::Tensor> into = {tensor.is_contiguous() ? tensor : at::empty(tensor.sizes(), tensor.options())};
-    std::exception_ptr mismatch;
-    if (dtype != tensor.scalar_type() || h[2] != tensor.numel()) {
-      const int64_t announced = h[2] * static_cast<int64_t>(c10::elementSize(dtype));
-      const std::string sides = "expects " + describe(static_cast<int64_t>(tensor.scalar_type()), tensor.numel()) +
-                                ", rank " + std::to_string(source) + " sent " + describe(h[1], h[2]);
-      if (!drainable_announcement(announced, static_cast<int64_t>(tensor.nbytes()))) {
-        return out_of_step(sides + ": more than 4x the receive's bytes + 1 MiB, so it is not received");
-      }
-      mismatch = error("gradzip: " + what + " on rank " + std::to_string(transport->getRank()) + " " + sides +
-                       "; the data was received and dropped, the tensor is unchanged");
-      into = {at::empty({h[2]}, at::dtype(dtype))};
-    }
-    auto data = post(line, transport->recv(into, source, receive.tag));
-    if (!data->wait()) return aborted();
-    if (!mismatch && !into.front().is_same(tensor)) tensor.copy_(into.front());
-    return mismatch;
-  } catch (const std::exception&) {
-    const auto failure = std::current_exception();
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (source >= 0) broken_[receive.tag].emplace(source, failure);
-    return failure;
-  }
+  lanes_.erase(key);
 }
 
 void CheckedReceives::stop(const std::string& reason) {
-  std::vector<c10::intrusive_ptr<c10d::Work>> in_flight;
-  std::vector<std::shared_ptr<Receive>> waiting;
+  std::vector<c10::intrusive_ptr<c10d::Work>> posted;
+  Done done;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stopping_) return;
     stopping_ = true;
     stop_reason_ = reason;
-    for (auto& [key, line] : lines_) {
-      if (line.in_flight) in_flight.push_back(line.in_flight);
+    for (const auto& [key, lane] : lanes_) {
+      for (const auto& step : lane.steps) posted.push_back(step.work);
     }
-    for (auto& [tag, gate] : gates_) waiting.insert(waiting.end(), gate.waiting.begin(), gate.waiting.end());
-    gates_.clear();
+    const auto failure = error(reason);
+    for (auto& [tag, state] : tags_) {
+      for (const auto& receive : state.pending) done.push_back([receive, failure] { finish(receive, failure); });
+    }
+    tags_.clear();
   }
   wake_.notify_all();
-  for (const auto& work : in_flight) {
-    try {
-      work->abort();
-    } catch (const std::exception&) {  // a transport whose works cannot abort ends them at its shutdown
-    }
-  }
-  for (const auto& receive : waiting) receive->future->setError(error(reason));
+  for (const auto& work : posted) abort_quietly(*work);
+  for (const auto& finish_one : done) finish_one();
 }
 
 }  // namespace gradzip
