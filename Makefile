@@ -9,6 +9,10 @@ export GRADZIP_VENV := $(VENV)
 export MAX_JOBS ?= 2
 # The demo's ranks run on this machine's cores: one thread each keeps them from fighting.
 export OMP_NUM_THREADS ?= 1
+# ccache shares compilations between clones: paths under this checkout are hashed as
+# relative ones, and debug builds do not hash the working directory.
+export CCACHE_BASEDIR ?= $(CURDIR)
+export CCACHE_NOHASHDIR ?= 1
 
 NPROC ?= 4
 EPOCHS ?= 3

@@ -11,6 +11,7 @@ SELECT="test_every_codec_in_both_exchanges and twophase or aggregation_returns_n
 [ "${1:-}" != "-k" ] || SELECT=$2
 
 cmake -S . -B "$BUILD" -G Ninja -DGRADZIP_SANITIZE=ON -DGRADZIP_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
       -DPython_EXECUTABLE="$VENV/bin/python" >/dev/null
 cmake --build "$BUILD" -j "${MAX_JOBS:-2}" --target gradzip_tests _C
 

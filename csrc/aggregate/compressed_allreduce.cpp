@@ -195,11 +195,12 @@ const std::shared_ptr<const Codec>& CompressedAllreduce::codec_for(const Compres
   return warmup_codecs_[static_cast<size_t>(call * stages / density_warmup_)];
 }
 
-void CompressedAllreduce::take_step(CompressedState& state, const std::string& key, c10d::ReduceOp::RedOpType op,
-                                    const c10d::Backend& transport, ExchangeCall& call) const {
+void CompressedAllreduce::take_step(CompressedState& state, const std::string& key, const std::string& seed_key,
+                                    c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
+                                    ExchangeCall& call) const {
   ++state.calls;
   if (error_feedback_) call.worker_residual = residual_on(state, call.x.device(), call.x.numel(), key);
-  call.ctx = {seed_, state.step++, static_cast<uint32_t>(transport.getRank())};
+  call.ctx = {seed_for_key(seed_, seed_key), state.step++, static_cast<uint32_t>(transport.getRank())};
   call.majority = majority_;
   if (!majority_ && op == c10d::ReduceOp::AVG) call.scale = 1.0f / static_cast<float>(transport.getSize());
   call.key = &key;
@@ -239,7 +240,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
     own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
   }
-  return run(tensors, opts, transport, stats, key, lock, state, how);
+  return run(tensors, opts, transport, stats, key, lock, state, how, key);
 }
 
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector<at::Tensor>& tensors,
@@ -289,7 +290,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     }
   }
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
-  auto work = run(tensors, opts, transport, stats, key, lock, whole, how);
+  auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key);
   lock.lock();
   int64_t offset = 0;
   for (const auto& piece : pieces) {
@@ -314,7 +315,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
                                                         const c10::intrusive_ptr<c10d::Backend>& transport,
                                                         Stats& stats, const std::string& key,
                                                         std::unique_lock<std::mutex>& lock, CompressedState& state,
-                                                        const Plan& how) {
+                                                        const Plan& how, const std::string& seed_key) {
   at::Tensor& tensor = tensors.front();
   if (how.scheme == ExchangeScheme::kDense) {
     ++state.calls;
@@ -332,7 +333,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
     return completed_work(tensors);
   }
   lock.lock();
-  take_step(state, key, opts.reduceOp.op_, *transport, call);
+  take_step(state, key, seed_key, opts.reduceOp.op_, *transport, call);
   if (error_feedback_ && how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
@@ -405,7 +406,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
     return completed_work(outputs);
   }
   lock.lock();
-  take_step(state, key, opts.reduceOp.op_, *transport, call);
+  take_step(state, key, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
   call.rounds = rounds_for(input);
   const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();

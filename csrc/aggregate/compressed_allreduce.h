@@ -94,7 +94,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   c10::intrusive_ptr<c10d::Work> run(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,
-                                     CompressedState& state, const Plan& plan);
+                                     CompressedState& state, const Plan& plan, const std::string& seed_key);
   // Whether a reduce-scatter of `input` goes exact, and why when the user did not ask
   // for it (min_numel, warmup and one rank go exact without a warning).
   struct ExactPlan {
@@ -106,8 +106,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // Counts one compressed call of `state` (mutex_ held) and fills `call` (its x set) for
   // it: the worker residual with error feedback, the step's seed context, the scale
   // and the vote, the key.
-  void take_step(CompressedState& state, const std::string& key, c10d::ReduceOp::RedOpType op,
-                 const c10d::Backend& transport, ExchangeCall& call) const;
+  // The codec's random draws are seeded from `seed_key` (seed_for_key): the tensor's key,
+  // or a bucket of pieces' first piece's.
+  void take_step(CompressedState& state, const std::string& key, const std::string& seed_key,
+                 c10d::ReduceOp::RedOpType op, const c10d::Backend& transport, ExchangeCall& call) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
   // The rounds asked for a tensor: the spec's, or automatic (0) on the CPU; one round for

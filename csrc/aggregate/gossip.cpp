@@ -321,8 +321,8 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   };
 #ifdef GRADZIP_WITH_CUDA
   if (device.is_cuda()) {
-    if (!choco_step_on_device(*codec_, tensor, copy_tensor, ChocoCall{neighbours, rank, size, step, seed_, gamma_, key},
-                              transport, stats)) {
+    const ChocoCall call{neighbours, rank, size, step, seed_for_key(seed_, key), gamma_, key};
+    if (!choco_step_on_device(*codec_, tensor, copy_tensor, call, transport, stats)) {
       tensor.fill_(std::numeric_limits<float>::quiet_NaN());  // as on the host: a Inf or NaN was not sent
     } else if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) {
       tensor.mul_(size);
@@ -342,7 +342,7 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   if (finite) {
     std::vector<float> difference(n);
     for (int64_t i = 0; i < n; ++i) difference[i] = xs[i] - mine[i];
-    codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_, step, static_cast<uint32_t>(rank)}, payload);
+    codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_for_key(seed_, key), step, static_cast<uint32_t>(rank)}, payload);
   }
   const auto bytes =
       at::from_blob(payload.data(), {static_cast<int64_t>(payload.size())}, at::kByte).to(tensor.device());

@@ -7,6 +7,15 @@
 
 namespace gradzip {
 
+uint64_t seed_for_key(uint64_t seed, std::string_view key) {
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (const char c : key) hash = (hash ^ static_cast<uint8_t>(c)) * 0x100000001b3ULL;
+  uint64_t z = seed ^ hash;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 void ValueCodec::encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                         std::vector<uint8_t>& out) const {
   const size_t start = out.size();

@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gradzip/spec.h"
@@ -35,6 +36,12 @@ struct EncodeContext {
   uint64_t step = 0;  // advanced by the caller after each encode of the same tensor
   uint32_t rank = 0;  // random-k ignores it: all ranks pick the same elements
 };
+
+// The seed of the tensor named `key` under a spec's `seed`: a stable hash of the key
+// (FNV-1a) mixed into the seed (SplitMix64), so tensors of one step draw independent
+// numbers (random-k's positions, QSGD's and uniform's rounding), the same on every rank
+// and in every run.
+uint64_t seed_for_key(uint64_t seed, std::string_view key);
 
 enum class CodecId : uint8_t {
   kIdentity = 1,

@@ -56,8 +56,9 @@ def test_momentum_correction_matches_the_reference():
 
 
 def momentum_pieces_and_resume(rank, world, spec):
-    """A bucket of pieces gives the bits of the whole tensor, and a resumed aggregation
-    the bits of one that ran straight through."""
+    """A bucket of pieces gives the bits of the whole tensor (named as its first piece: its
+    random draws are seeded from that name), and a resumed aggregation the bits of one
+    that ran straight through."""
     import gradzip
     from gradzip._transport import transport_of
     dist.init_process_group("gloo")
@@ -66,7 +67,7 @@ def momentum_pieces_and_resume(rank, world, spec):
     same = True
     for step in range(3):
         y, z = inputs(rank, step, 800), inputs(rank, step, 800)
-        whole.allreduce(y, "whole", dist.ReduceOp.SUM, transport)
+        whole.allreduce(y, "a", dist.ReduceOp.SUM, transport)
         pieces.allreduce_pieces(z, [("a", 300), ("b", 500)], dist.ReduceOp.SUM, transport)
         same &= torch.equal(y, z)
     straight, first = gradzip.Aggregation(spec), gradzip.Aggregation(spec)
