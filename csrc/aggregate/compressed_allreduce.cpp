@@ -225,7 +225,8 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   plan.scheme =
       choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
   if (plan.scheme == ExchangeScheme::kDense) return {};
-  if (plan.scheme == ExchangeScheme::kTwoPhase) plan.owned = exchange_chunk(n, ranks, transport.getRank());
+  plan.exchange = &exchange_of(plan.scheme);
+  plan.owned = plan.exchange->owned(n, ranks, transport.getRank());
   return plan;
 }
 
@@ -334,7 +335,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   }
   lock.lock();
   take_step(state, key, seed_key, opts.reduceOp.op_, *transport, call);
-  if (error_feedback_ && how.scheme == ExchangeScheme::kTwoPhase) call.owner_residual = state.owner_residual;
+  if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
   const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
@@ -349,9 +350,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
   const auto codec = tensor_codec(how.codec, device);
-  const int64_t sent = how.scheme == ExchangeScheme::kTwoPhase
-                           ? twophase_allreduce(*codec, *how.codec, call, sum, transport)
-                           : oneshot_allreduce(*codec, *how.codec, call, sum, transport);
+  const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (unsent.defined()) mask_momentum(state, call, unsent);
   if (majority_) sum.sign_();
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));

@@ -80,7 +80,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // this rank owns.
   struct Plan {
     ExchangeScheme scheme = ExchangeScheme::kDense;  // kDense: exact
-    Chunk owned{0, 0};
+    const Exchange* exchange = nullptr;              // the compressed scheme's
+    Chunk owned{0, 0};                               // exchange->owned for this rank
     std::shared_ptr<const Codec> codec;  // this call's (density_warmup); null when exact
   };
   // The codec of `state`'s next compressed call: a denser one while its density warm-up

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "aggregate/exchange.h"
+#include "aggregate/tensor_codec.h"
 #include "codec/codec_record.h"
 
 namespace gradzip {

@@ -24,20 +24,20 @@
 //   (P − 1)/P·n·(element size). Any n and P: chunks differ by one element at most, no
 //   padding is sent.
 //
-// Payloads travel in slots of a size known from the codec and n (no size exchange):
-// a u64 length, the payload, zero padding to a multiple of 8 bytes. All ranks decode the
-// same payloads in the same order, so all end bitwise identical. A payload that cannot
-// be decoded raises on every rank: in two-phase, an owner that cannot decode a piece
-// sends a failed slot, which every rank reports.
+// Payloads travel in slots (aggregate/slots.h) of a size known from the codec and n (no
+// size exchange). All ranks decode the same payloads in the same order, so all end
+// bitwise identical. A payload that cannot be decoded raises on every rank: in
+// two-phase, an owner that cannot decode a piece sends a failed slot, which every rank
+// reports.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <memory>
-#include <stdexcept>
 #include <string>
 
+#include "aggregate/tensor_codec.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
@@ -95,58 +95,6 @@ struct Chunk {
 };
 Chunk exchange_chunk(int64_t n, int ranks, int j);
 
-// A payload that could not be decoded: the row (rank) it came from, and why.
-class SlotError : public std::runtime_error {
- public:
-  SlotError(int row, const std::string& what) : std::runtime_error(what), row_(row) {}
-  int row() const { return row_; }
-
- private:
-  int row_;
-};
-
-// Slots: a u64 payload size, the payload, zero padding. A failed slot (size
-// kFailedSlot) is what an owner sends when it could not decode a piece.
-constexpr int64_t kSlotHeaderBytes = 8;
-constexpr uint64_t kFailedSlot = ~uint64_t{0};
-// The bytes of a slot that holds any payload of `codec` for n elements.
-int64_t slot_bytes(const Codec& codec, int64_t n);
-// Asserts that a payload of `size` bytes fits a slot of `slot_bytes` (the codec's bound).
-void check_slot_fits(int64_t size, int64_t slot_bytes);
-// Closes a slot in host memory whose payload of `size` bytes was written in place at
-// slot + kSlotHeaderBytes: declares the size and zeroes the padding after it.
-void seal_slot(size_t size, uint8_t* slot, int64_t slot_bytes);
-// The payload size a slot of `slot_bytes` declares, checked; throws SlotError(row).
-size_t slot_payload_size(uint64_t declared, int64_t slot_bytes, int row);
-// Marks a slot (uint8 tensor, any device) failed.
-void mark_failed_slot(at::Tensor slot);
-
-// A codec on the tensors of one device.
-class TensorCodec {
- public:
-  virtual ~TensorCodec() = default;
-  // Encodes x (contiguous float32) into `slot` (uint8, slot_bytes(codec, x.numel()));
-  // with a defined `residual` (float32, x.numel(), same device) with error feedback.
-  virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
-                      at::Tensor slot) const = 0;
-  // Sets `sum` (contiguous float32) to scale × the payloads of `rows` slots, slot r at
-  // byte r·stride of `slots`, added to zeros in order r = 0, 1, ... as the codec's
-  // decode_add(..., scale) adds them (a GPU codec without a one-pass decode may apply the
-  // scale to the sum instead: the same bits on every rank of one device). Throws
-  // SlotError naming the first slot that cannot be decoded (a failed slot included).
-  virtual void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
-                          float scale = 1.0f) const = 0;
-  // Sets targets[r] to scale × the payload of slot r alone, for r = 0 .. targets.size() − 1
-  // (the owners' reduced pieces: each its own part of the result). Throws SlotError naming
-  // the first slot that cannot be decoded.
-  virtual void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
-                           float scale) const = 0;
-};
-
-// The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
-// GPU (CUDA builds; the codec must have one).
-std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device);
-
 // One all-reduce's inputs. `x`: contiguous float32 on the codec's device, read before
 // anything is written to `sum`, so the two may be the same tensor. The residuals are
 // undefined without error feedback; `owner_residual` (two-phase) has the length of this
@@ -165,12 +113,24 @@ struct ExchangeCall {
   at::Device transport_device = at::kCPU;
 };
 
-// Writes scale × the sum over the ranks into `sum` (contiguous float32, n elements, on
-// the codec's device) and returns the bytes this rank sent.
-int64_t oneshot_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
-                          const c10::intrusive_ptr<c10d::Backend>& transport);
-int64_t twophase_allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
-                           const c10::intrusive_ptr<c10d::Backend>& transport);
+// A compressed scheme: how one all-reduce's payloads travel (one file each:
+// aggregate/oneshot_exchange.cpp, aggregate/twophase_exchange.cpp).
+class Exchange {
+ public:
+  virtual ~Exchange() = default;
+  virtual ExchangeScheme scheme() const = 0;
+  // The elements of an n-element tensor that `rank` reduces for the others, and keeps
+  // an owner residual for with error feedback (two-phase: its chunk); none otherwise.
+  virtual Chunk owned(int64_t n, int ranks, int rank) const = 0;
+  // Writes scale × the sum over the ranks into `sum` (contiguous float32, n elements, on
+  // the codec's device) and returns the bytes this rank sent.
+  virtual int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+                            const c10::intrusive_ptr<c10d::Backend>& transport) const = 0;
+};
+const Exchange& oneshot_exchange();
+const Exchange& twophase_exchange();
+// The exchange of a compressed scheme (not kDense).
+const Exchange& exchange_of(ExchangeScheme scheme);
 
 // Writes scale × the sum over the ranks of chunk `rank` of x (exchange_chunk) into
 // `shard` (contiguous float32 of that length, on the codec's device) and returns the

@@ -1,0 +1,76 @@
+// What the exchange schemes share (aggregate/*_exchange.cpp): how chunks split into
+// rounds, each piece's seed, the thread's kept buffers, the collectives in flight, and
+// phase one (the all-to-all of encoded chunks) that two-phase and the compressed
+// reduce-scatter both start with.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <string>
+#include <vector>
+
+#include "aggregate/exchange.h"
+
+namespace gradzip {
+
+// A context of its own for each chunk, phase and round, so that random draws (random-k's
+// choice, QSGD's rounding) of different pieces are independent. Round 0 keeps the
+// context a one-round exchange always had.
+EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round = 0);
+
+// The length of the longest two-phase chunk: ⌈n/ranks⌉.
+int64_t largest_chunk(int64_t n, int ranks);
+// The longest sub-piece of any chunk in any of `rounds` rounds.
+int64_t largest_piece(int64_t n, int ranks, int rounds);
+// Sub-piece `round` of chunk j, in the elements of the whole vector.
+Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round);
+
+[[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what);
+
+// The exchange's buffers (bytes; the owner's sum viewed as floats), by their role in a
+// call. On the CPU each thread keeps its buffers from call to call (a call uses them only
+// until it returns): fresh allocations of this size come from mmap, and their first
+// touch costs more than the codec's own passes. GPU memory comes from torch's caching
+// allocator.
+enum class Buffer { kMine, kSend, kReceived, kAll, kOwnedSum, kCount };
+at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role);
+
+// A collective of byte slots in flight on the transport, and the buffer it fills there.
+struct InFlight {
+  c10::intrusive_ptr<c10d::Work> work;
+  at::Tensor received;
+};
+
+// The collectives an exchange started. finish(i) waits for the i-th and returns what it
+// received on the codec's device. An exchange that leaves with an error before it
+// finished them all leaves this thread's kept buffers to the collectives still in
+// flight (their Work holds the tensors) and takes fresh ones next time: waiting for
+// them could take the group's timeout once per round.
+class Rounds {
+ public:
+  explicit Rounds(const ExchangeCall& call) : call_(call) {}
+  Rounds(const Rounds&) = delete;
+  Rounds& operator=(const Rounds&) = delete;
+  ~Rounds();
+
+  // all-to-all of `slots` (P slots of equal size; slot j goes to rank j) into `received`.
+  void start_alltoall(const at::Tensor& slots, at::Tensor received,
+                      const c10::intrusive_ptr<c10d::Backend>& transport);
+  // all-gather of one slot from each rank into `all`.
+  void start_allgather(const at::Tensor& mine, at::Tensor all, const c10::intrusive_ptr<c10d::Backend>& transport);
+  at::Tensor finish(size_t i);
+
+ private:
+  const ExchangeCall& call_;
+  std::vector<InFlight> flights_;
+};
+
+// Phase one in `rounds` rounds: in round s, sub-piece s of chunk j of this rank's vector
+// (with its part of the worker residual), encoded into a slot of `stride` bytes, goes to
+// rank j. Started in `flights` as flights 0 .. rounds − 1; each receives, slot r from
+// rank r, the P sub-pieces of this rank's chunk.
+void scatter_rounds(const TensorCodec& codec, const ExchangeCall& call, int rounds, int64_t stride,
+                    const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights);
+
+}  // namespace gradzip

@@ -1,0 +1,40 @@
+// One-shot: every rank encodes its whole vector; the payloads are all-gathered; every
+// rank decodes all P of them in rank order. Sends (P − 1)·c(n) bytes per rank. No rank
+// owns anything: one compression per element, no second stage.
+#include <c10/util/Exception.h>
+
+#include "aggregate/exchange_rounds.h"
+
+namespace gradzip {
+namespace {
+
+class OneShotExchange final : public Exchange {
+ public:
+  ExchangeScheme scheme() const override { return ExchangeScheme::kOneShot; }
+  Chunk owned(int64_t, int, int) const override { return {0, 0}; }
+  int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+                      const c10::intrusive_ptr<c10d::Backend>& transport) const override {
+    const int ranks = transport->getSize();
+    const int64_t stride = slot_bytes(host, call.x.numel());
+    at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
+    codec.encode(call.x, call.worker_residual, call.ctx, mine);
+    Rounds flights(call);
+    flights.start_allgather(mine, bytes_on(call.transport_device, ranks * stride, Buffer::kAll), transport);
+    const at::Tensor all = flights.finish(0);
+    try {
+      codec.decode_sum(all, stride, ranks, sum, call.scale);
+    } catch (const SlotError& e) {
+      raise_for_slot(e, call.key, "the payload");
+    }
+    return (ranks - 1) * stride;
+  }
+};
+
+}  // namespace
+
+const Exchange& oneshot_exchange() {
+  static const OneShotExchange exchange;
+  return exchange;
+}
+
+}  // namespace gradzip

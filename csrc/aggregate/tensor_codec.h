@@ -1,0 +1,41 @@
+// TensorCodec: a codec on the tensors of one device, writing and reading slots
+// (aggregate/slots.h): the codec's CPU code, or its device half on a GPU.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "aggregate/slots.h"
+#include "gradzip/codec.h"
+
+namespace gradzip {
+
+// A codec on the tensors of one device.
+class TensorCodec {
+ public:
+  virtual ~TensorCodec() = default;
+  // Encodes x (contiguous float32) into `slot` (uint8, slot_bytes(codec, x.numel()));
+  // with a defined `residual` (float32, x.numel(), same device) with error feedback.
+  virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
+                      at::Tensor slot) const = 0;
+  // Sets `sum` (contiguous float32) to scale × the payloads of `rows` slots, slot r at
+  // byte r·stride of `slots`, added to zeros in order r = 0, 1, ... as the codec's
+  // decode_add(..., scale) adds them (a GPU codec without a one-pass decode may apply the
+  // scale to the sum instead: the same bits on every rank of one device). Throws
+  // SlotError naming the first slot that cannot be decoded (a failed slot included).
+  virtual void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
+                          float scale = 1.0f) const = 0;
+  // Sets targets[r] to scale × the payload of slot r alone, for r = 0 .. targets.size() − 1
+  // (the owners' reduced pieces: each its own part of the result). Throws SlotError naming
+  // the first slot that cannot be decoded.
+  virtual void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
+                           float scale) const = 0;
+};
+
+// The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
+// GPU (CUDA builds; the codec must have one).
+std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device);
+
+}  // namespace gradzip

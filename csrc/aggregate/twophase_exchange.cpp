@@ -1,0 +1,108 @@
+// Two-phase: every rank encodes its vector as P chunks, all-to-all; rank j decodes the P
+// pieces of chunk j in rank order into fp32, adds its owner residual, re-encodes (its
+// owner residual keeps what that encoding did not carry) and all-gathers; every rank
+// decodes the P chunks. Sends 2·(P − 1)·c(n/P) bytes per rank, in rounds
+// (aggregate/exchange.h). Its first half is the compressed reduce-scatter.
+#include <c10/util/Exception.h>
+
+#include <optional>
+
+#include "aggregate/exchange_rounds.h"
+
+namespace gradzip {
+namespace {
+
+class TwoPhaseExchange final : public Exchange {
+ public:
+  ExchangeScheme scheme() const override { return ExchangeScheme::kTwoPhase; }
+  Chunk owned(int64_t n, int ranks, int rank) const override { return exchange_chunk(n, ranks, rank); }
+  int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+                      const c10::intrusive_ptr<c10d::Backend>& transport) const override {
+    const int ranks = transport->getSize();
+    const int rank = transport->getRank();
+    const int64_t n = call.x.numel();
+    const int rounds = exchange_rounds(host, n, ranks, call.rounds);
+    const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
+    Rounds flights(call);
+    scatter_rounds(codec, call, rounds, stride, transport, flights);
+
+    // This rank owns chunk `rank`: in each round, the sum of its sub-piece's P pieces, in
+    // rank order, re-encoded and all-gathered at once. Whatever fails here, this rank
+    // still joins every all-gather (with failed slots), so that the others raise instead
+    // of waiting for it.
+    const Chunk owned = exchange_chunk(n, ranks, rank);
+    const at::Tensor mine = bytes_on(call.x.device(), rounds * stride, Buffer::kMine);
+    const at::Tensor all = bytes_on(call.transport_device, rounds * ranks * stride, Buffer::kAll);
+    const at::Tensor owned_sum = bytes_on(call.x.device(), 4 * owned.length, Buffer::kOwnedSum).view(at::kFloat);
+    std::optional<SlotError> undecodable;
+    std::string failure;
+    for (int s = 0; s < rounds; ++s) {
+      const at::Tensor slot = mine.narrow(0, s * stride, stride);
+      const Chunk part = exchange_chunk(owned.length, rounds, s);
+      const at::Tensor pieces = flights.finish(s);
+      if (!undecodable && failure.empty()) {
+        try {
+          at::Tensor part_sum = owned_sum.narrow(0, part.begin, part.length);
+          codec.decode_sum(pieces, stride, ranks, part_sum);
+          if (call.majority) part_sum.sign_();
+          const at::Tensor residual =
+              call.owner_residual.defined() ? call.owner_residual.narrow(0, part.begin, part.length) : at::Tensor();
+          codec.encode(part_sum, residual, chunk_context(call.ctx, 1, rank, s), slot);
+        } catch (const SlotError& e) {
+          undecodable = e;
+        } catch (const std::exception& e) {
+          failure = e.what();
+        }
+      }
+      if (undecodable || !failure.empty()) mark_failed_slot(slot);
+      flights.start_allgather(slot, all.narrow(0, s * ranks * stride, ranks * stride), transport);
+    }
+
+    // Phase two: every owner's sub-pieces to everybody, decoded round by round as they come.
+    for (int s = 0; s < rounds; ++s) {
+      const at::Tensor round = flights.finish(rounds + s);
+      if (undecodable) raise_for_slot(*undecodable, call.key, "the piece");
+      TORCH_CHECK(failure.empty(), "gradzip: re-encoding the reduced chunk failed: ", failure);
+      std::vector<at::Tensor> pieces;
+      for (int j = 0; j < ranks; ++j) {
+        const Chunk c = round_piece(n, ranks, j, rounds, s);
+        pieces.push_back(sum.narrow(0, c.begin, c.length));
+      }
+      try {
+        codec.decode_each(round, stride, pieces, call.scale);
+      } catch (const SlotError& e) {
+        raise_for_slot(e, call.key, "the reduced chunk");
+      }
+    }
+    return 2 * (ranks - 1) * rounds * stride;
+  }
+};
+
+}  // namespace
+
+const Exchange& twophase_exchange() {
+  static const TwoPhaseExchange exchange;
+  return exchange;
+}
+
+int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                  at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport) {
+  const int ranks = transport->getSize();
+  const int64_t n = call.x.numel();
+  const int rounds = exchange_rounds(host, n, ranks, call.rounds);
+  const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
+  Rounds flights(call);
+  scatter_rounds(codec, call, rounds, stride, transport, flights);
+  for (int s = 0; s < rounds; ++s) {
+    const Chunk part = exchange_chunk(shard.numel(), rounds, s);
+    const at::Tensor pieces = flights.finish(s);
+    try {
+      codec.decode_sum(pieces, stride, ranks, shard.narrow(0, part.begin, part.length), call.scale);
+    } catch (const SlotError& e) {
+      raise_for_slot(e, call.key, "the piece");
+    }
+  }
+  return (ranks - 1) * rounds * stride;
+}
+
+}  // namespace gradzip
