@@ -73,10 +73,12 @@ at::Tensor Rounds::finish(size_t i) {
   return flight.received.to(call_.x.device());
 }
 
-void scatter_rounds(const TensorCodec& codec, const ExchangeCall& call, int rounds, int64_t stride,
-                    const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights) {
+PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                        const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights) {
   const int ranks = transport->getSize();
   const int64_t n = call.x.numel();
+  const int rounds = exchange_rounds(host, n, ranks, call.rounds);
+  const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
   const int64_t round_bytes = ranks * stride;
   const at::Tensor send = bytes_on(call.x.device(), rounds * round_bytes, Buffer::kSend);
   const at::Tensor received = bytes_on(call.transport_device, rounds * round_bytes, Buffer::kReceived);
@@ -91,6 +93,7 @@ void scatter_rounds(const TensorCodec& codec, const ExchangeCall& call, int roun
     flights.start_alltoall(send.narrow(0, s * round_bytes, round_bytes),
                            received.narrow(0, s * round_bytes, round_bytes), transport);
   }
+  return {rounds, stride};
 }
 
 }  // namespace gradzip

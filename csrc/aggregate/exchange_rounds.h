@@ -66,11 +66,16 @@ class Rounds {
   std::vector<InFlight> flights_;
 };
 
-// Phase one in `rounds` rounds: in round s, sub-piece s of chunk j of this rank's vector
-// (with its part of the worker residual), encoded into a slot of `stride` bytes, goes to
-// rank j. Started in `flights` as flights 0 .. rounds − 1; each receives, slot r from
-// rank r, the P sub-pieces of this rank's chunk.
-void scatter_rounds(const TensorCodec& codec, const ExchangeCall& call, int rounds, int64_t stride,
-                    const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights);
+// Phase one in exchange_rounds(...) rounds: in round s, sub-piece s of chunk j of this
+// rank's vector (with its part of the worker residual), encoded into a slot of `stride`
+// bytes (every sub-piece's bound), goes to rank j. Started in `flights` as flights
+// 0 .. rounds − 1; each receives, slot r from rank r, the P sub-pieces of this rank's
+// chunk. Returns the rounds and the stride.
+struct PhaseOne {
+  int rounds;
+  int64_t stride;
+};
+PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                        const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights);
 
 }  // namespace gradzip

@@ -21,10 +21,8 @@ class TwoPhaseExchange final : public Exchange {
     const int ranks = transport->getSize();
     const int rank = transport->getRank();
     const int64_t n = call.x.numel();
-    const int rounds = exchange_rounds(host, n, ranks, call.rounds);
-    const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
     Rounds flights(call);
-    scatter_rounds(codec, call, rounds, stride, transport, flights);
+    const auto [rounds, stride] = scatter_rounds(codec, host, call, transport, flights);
 
     // This rank owns chunk `rank`: in each round, the sum of its sub-piece's P pieces, in
     // rank order, re-encoded and all-gathered at once. Whatever fails here, this rank
@@ -88,11 +86,8 @@ const Exchange& twophase_exchange() {
 int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
                                   at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport) {
   const int ranks = transport->getSize();
-  const int64_t n = call.x.numel();
-  const int rounds = exchange_rounds(host, n, ranks, call.rounds);
-  const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
   Rounds flights(call);
-  scatter_rounds(codec, call, rounds, stride, transport, flights);
+  const auto [rounds, stride] = scatter_rounds(codec, host, call, transport, flights);
   for (int s = 0; s < rounds; ++s) {
     const Chunk part = exchange_chunk(shard.numel(), rounds, s);
     const at::Tensor pieces = flights.finish(s);

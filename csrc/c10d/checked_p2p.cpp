@@ -36,6 +36,16 @@ void check_tag(int tag, const char* op) {
               ", got ", tag, " (a message's data travels on its tag + ", kDataTagOffset, ")");
 }
 
+// Removes and returns the first element of `queue` that `fits`, or null.
+template <typename T, typename Fits>
+std::shared_ptr<T> take_first(std::deque<std::shared_ptr<T>>& queue, const Fits& fits) {
+  const auto found = std::find_if(queue.begin(), queue.end(), fits);
+  if (found == queue.end()) return nullptr;
+  auto item = *found;
+  queue.erase(found);
+  return item;
+}
+
 void abort_quietly(c10d::Work& work) {
   try {
     work.abort();
@@ -127,11 +137,7 @@ c10::intrusive_ptr<c10d::Work> CheckedReceives::recv(const c10::intrusive_ptr<c1
       done.push_back([receive, refused] { finish(receive, refused); });
     } else {
       TagState& state = tags_[tag];
-      const auto held = std::find_if(state.held.begin(), state.held.end(),
-                                     [&](const auto& header) { return receive->accepts(header->source); });
-      if (held != state.held.end()) {
-        const auto header = *held;
-        state.held.erase(held);
+      if (const auto header = take_first(state.held, [&](const auto& h) { return receive->accepts(h->source); })) {
         take(*header, receive, done);
       } else {
         state.pending.push_back(receive);
@@ -183,6 +189,7 @@ void CheckedReceives::header_in(const c10::intrusive_ptr<c10d::Backend>& transpo
   }
   header->source = src < 0 ? work.sourceRank() : src;
   const int source = header->source;
+  const auto accepts_source = [source](const auto& receive) { return receive->accepts(source); };
   const int64_t* h = header->values.data_ptr<int64_t>();
   const bool known = h[1] >= 0 && h[1] < static_cast<int64_t>(at::ScalarType::NumOptions) &&
                      h[1] != static_cast<int64_t>(at::ScalarType::Undefined) && h[2] >= 0 &&
@@ -197,20 +204,12 @@ void CheckedReceives::header_in(const c10::intrusive_ptr<c10d::Backend>& transpo
                                    std::to_string(tag) + ") on rank " + std::to_string(transport->getRank()) + " " +
                                    why + "; every receive from rank " + std::to_string(source) + " with tag " +
                                    std::to_string(tag) + " fails from now on (the stream is out of step)");
-    const auto taker = std::find_if(state.pending.begin(), state.pending.end(),
-                                    [&](const auto& receive) { return receive->accepts(source); });
-    if (taker != state.pending.end()) {
-      const auto receive = *taker;
-      state.pending.erase(taker);
+    if (const auto receive = take_first(state.pending, accepts_source)) {
       done.push_back([receive, out_of_step] { finish(receive, out_of_step); });
     }
     break_stream(tag, source, out_of_step, done);
   } else if (!broken(source, tag)) {
-    const auto taker = std::find_if(state.pending.begin(), state.pending.end(),
-                                    [&](const auto& receive) { return receive->accepts(source); });
-    if (taker != state.pending.end()) {
-      const auto receive = *taker;
-      state.pending.erase(taker);
+    if (const auto receive = take_first(state.pending, accepts_source)) {
       take(*header, receive, done);
     } else {
       state.held.push_back(header);
