@@ -47,10 +47,19 @@ def _create_backend(dist_opts, backend_options):
         nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
         # init_process_group(device_id=...) bound the group to this rank's GPU: so is NCCL,
         # whose communicators are then made for that device, never one it guesses.
-        bound = getattr(dist_opts.process_group, "bound_device_id", None)
-        if bound is not None and bound.type == "cuda":
+        bound = bound_device(dist_opts)
+        if bound is not None:
             nccl.bound_device_id = bound
     return _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
+
+
+def bound_device(dist_opts):
+    """The CUDA device init_process_group(device_id=...) bound the group to, or None: also
+    on torch versions whose backend options carry no process group (before 2.6) or whose
+    process groups carry no bound device."""
+    group = getattr(dist_opts, "process_group", None)
+    bound = getattr(group, "bound_device_id", None) if group is not None else None
+    return bound if bound is not None and getattr(bound, "type", None) == "cuda" else None
 
 
 def register():

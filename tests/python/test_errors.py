@@ -204,3 +204,19 @@ def test_shutdown_is_idempotent_and_refuses_later_collectives():
     for refused, value in run_ranks(shutdown_twice, 2, free_port(), timeout=60):
         assert refused is not None and "shut down" in refused, refused
         assert value == [2.0, 2.0]
+
+
+def test_the_bound_device_is_read_from_whatever_the_backend_options_carry():
+    """The creator's device binding must not fail on torch versions whose options or
+    process groups lack the attributes (it runs for every group on a GPU machine)."""
+    from types import SimpleNamespace
+
+    from gradzip.backend import bound_device
+    assert bound_device(SimpleNamespace()) is None  # no process_group attribute
+    assert bound_device(SimpleNamespace(process_group=None)) is None
+    assert bound_device(SimpleNamespace(process_group=SimpleNamespace())) is None  # no bound_device_id
+    assert bound_device(SimpleNamespace(process_group=SimpleNamespace(bound_device_id=None))) is None
+    cpu = SimpleNamespace(process_group=SimpleNamespace(bound_device_id=torch.device("cpu")))
+    assert bound_device(cpu) is None
+    gpu = torch.device("cuda", 1)
+    assert bound_device(SimpleNamespace(process_group=SimpleNamespace(bound_device_id=gpu))) == gpu
