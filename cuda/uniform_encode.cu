@@ -62,8 +62,8 @@ __global__ void uniform_clear_extremes(uint32_t* extremes) {
 // Writes min and max into the payload's fixed fields (bytes 18..25).
 __global__ void uniform_store_extremes(const uint32_t* extremes, uint8_t* payload) {
   if (threadIdx.x == 0) {
-    store_le(payload + kPayloadHeaderBytes + 2, math::float_bits(key_float(extremes[0])), 4);
-    store_le(payload + kPayloadHeaderBytes + 6, math::float_bits(key_float(extremes[1])), 4);
+    store_le(payload + kPayloadHeaderBytes + 2, math::float_bits(math::uniform_extreme(key_float(extremes[0]))), 4);
+    store_le(payload + kPayloadHeaderBytes + 6, math::float_bits(math::uniform_extreme(key_float(extremes[1]))), 4);
   }
 }
 
@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t quad = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const int64_t first = 4 * quad;
   if (first >= n) return;
-  const float low = key_float(extremes[0]), high = key_float(extremes[1]);
+  const float low = math::uniform_extreme(key_float(extremes[0])), high = math::uniform_extreme(key_float(extremes[1]));
   const double unit = math::uniform_step(low, high, 8);
   const double inverse = unit > 0.0 ? 1.0 / unit : 0.0;
   const uint64_t counter = static_cast<uint64_t>(first);

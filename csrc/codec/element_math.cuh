@@ -157,6 +157,10 @@ GZ_HD uint32_t uniform_code(float u, float low, double inverse, uint32_t top, do
   return static_cast<uint32_t>(code < static_cast<double>(top) ? code : static_cast<double>(top));
 }
 
+// uniform's extremes as written: a zero of either sign as +0, so that the CPU (which keeps
+// the first of equal values) and the GPU (which orders −0 below +0) write the same bytes.
+GZ_HD float uniform_extreme(float v) { return v == 0.0f ? 0.0f : v; }
+
 // uniform's step: (max − min) / (2^bits − 1) in double (max − min may exceed fp32's range).
 GZ_HD double uniform_step(float low, float high, int bits) {
   return (static_cast<double>(high) - static_cast<double>(low)) / static_cast<double>((uint32_t{1} << bits) - 1);

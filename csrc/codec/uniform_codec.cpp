@@ -77,6 +77,8 @@ class UniformCodec final : public ValueCodec {
       low = u[i] < low ? u[i] : low;
       high = u[i] > high ? u[i] : high;
     }
+    low = math::uniform_extreme(low);
+    high = math::uniform_extreme(high);
     wire::Writer w(out);
     w.header(id(), n);
     if (n <= parameters_.threshold) {

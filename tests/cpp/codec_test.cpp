@@ -570,5 +570,24 @@ TEST(CodecTest, BadSpecValuesAreRefused) {
   }
 }
 
+
+// uniform writes a zero extreme as +0 whatever the signs of the zeros: the GPU encoder,
+// which orders −0 below +0, writes the same bytes.
+TEST(CodecTest, UniformWritesZeroExtremesAsPositiveZero) {
+  for (const std::vector<float>& x : {std::vector<float>{-0.0f, 0.0f, -0.0f, 0.0f}, std::vector<float>(4, -0.0f),
+                                      std::vector<float>{-0.0f, 1.0f, 0.0f, 2.0f},
+                                      std::vector<float>{0.0f, -1.0f, -0.0f, -2.0f}}) {
+    const auto payload = encode("uniform:threshold=0", x);
+    float low, high;
+    std::memcpy(&low, payload.data() + kPayloadHeaderBytes + 2, 4);
+    std::memcpy(&high, payload.data() + kPayloadHeaderBytes + 6, 4);
+    for (const float extreme : {low, high}) {
+      if (extreme == 0.0f) EXPECT_FALSE(std::signbit(extreme)) << "a zero extreme written as -0";
+    }
+    EXPECT_EQ(low, *std::min_element(x.begin(), x.end()));
+    EXPECT_EQ(high, *std::max_element(x.begin(), x.end()));
+  }
+}
+
 }  // namespace
 }  // namespace gradzip
