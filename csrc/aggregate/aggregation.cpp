@@ -65,7 +65,7 @@ const std::vector<AggregationKind>& aggregation_kinds() {
                      .summary = codec->summary,
                      .keys = compressed_aggregation_keys(),
                      .codec_from = Kind::CodecFrom::kName,
-                     .check = {},
+                     .check = check_compressed_spec,
                      .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
                        return std::make_unique<CompressedAllreduce>(spec);
                      }});
@@ -74,7 +74,7 @@ const std::vector<AggregationKind>& aggregation_kinds() {
                    .summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
                    .keys = topology_keys(),
                    .decentralized = true,
-                   .check = check_topology_spec,
+                   .check = [](const BoundSpec& spec) { check_topology_spec(spec.spec()); },
                    .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
                      return std::make_unique<GossipAverage>(spec);
                    }});
@@ -83,7 +83,7 @@ const std::vector<AggregationKind>& aggregation_kinds() {
                    .keys = choco_keys(),
                    .codec_from = Kind::CodecFrom::kCompressKey,
                    .decentralized = true,
-                   .check = check_choco_spec,
+                   .check = [](const BoundSpec& spec) { check_choco_spec(spec.spec()); },
                    .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
                      return std::make_unique<ChocoGossip>(spec);
                    }});
@@ -129,14 +129,16 @@ BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&fi
                       "'; valid keys: " + join(names));
     }
   }
-  if (kind_->check) kind_->check(spec_);
   if (codec) {
     codec_spec_.name = codec->name;
     // parse() reads only the codec's keys; given the whole spec, its errors name the
     // spec as the user wrote it.
     codec_ = codec->make(codec->parse(spec_));
   }
+  if (kind_->check) kind_->check(*this);
 }
+
+bool BoundSpec::error_feedback() const { return codec_ && spec_.get_bool("ef", codec_->biased()); }
 
 bool BoundSpec::decentralized() const { return kind_->decentralized; }
 

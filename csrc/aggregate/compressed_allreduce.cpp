@@ -111,6 +111,13 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
 
 }  // namespace
 
+void check_compressed_spec(const BoundSpec& spec) {
+  if (spec.spec().get_double("momentum", 0.0) > 0 && !spec.error_feedback()) {
+    throw SpecError("gradzip: spec '" + spec.str() +
+                    "': momentum correction keeps what was not sent in the residual; it needs ef=1");
+  }
+}
+
 std::vector<SpecKey> compressed_aggregation_keys() {
   return {SpecKey::boolean("ef", "",
                            "error feedback: add what earlier steps did not send, keep what this step does not send "
@@ -167,17 +174,13 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       density_warmup_(spec.spec().get_int("density_warmup", 0)),
       exchange_(exchange_request(spec.spec())),
       rounds_(rounds_request(spec.spec())),
-      error_feedback_(spec.spec().get_bool("ef", codec_->biased())),
+      error_feedback_(spec.error_feedback()),
       majority_(codec_->parameters().majority),
       momentum_(spec.spec().get_double("momentum", 0.0)),
       min_numel_(spec.spec().get_int("min_numel", 0)),
       warmup_(spec.spec().get_int("warmup", 0)),
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {
-  if (momentum_ > 0 && !error_feedback_) {
-    throw SpecError("gradzip: spec '" + spec.str() +
-                    "': momentum correction keeps what was not sent in the residual; it needs ef=1");
-  }
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
   const CodecRecord& record = codec_record(codec_->id());

@@ -139,5 +139,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
 
 // The spec keys every compressed aggregation takes, besides its codec's.
 std::vector<SpecKey> compressed_aggregation_keys();
+// The rules between a compressed aggregation's keys (momentum needs error feedback),
+// checked when its spec is bound.
+void check_compressed_spec(const BoundSpec& spec);
 
 }  // namespace gradzip

@@ -45,6 +45,8 @@ void bind_spec(py::module_& m) {
                                return s.spec().has("ef") ? py::cast(s.spec().get_bool("ef", false)) : py::none();
                              },
                              "The ef key, or None when the spec leaves it to the default.")
+      .def_property_readonly("uses_error_feedback", &BoundSpec::error_feedback,
+                             "Error feedback as every door applies it: the ef key, else the codec's default.")
       .def_property_readonly("seed", [](const BoundSpec& s) -> py::object {
         return s.spec().has("seed") ? py::cast(s.spec().get_int("seed", 0)) : py::none();
       });

@@ -85,7 +85,7 @@ struct AggregationKind {
   std::vector<SpecKey> keys;  // its own; a codec's keys come from the codec's record
   CodecFrom codec_from = CodecFrom::kNone;
   bool decentralized = false;
-  std::function<void(const Spec&)> check;  // rules that tie keys together (may be empty)
+  std::function<void(const BoundSpec&)> check;  // rules that tie keys together, checked at bind (may be empty)
   std::function<std::unique_ptr<Aggregation>(const BoundSpec&)> make;
 };
 

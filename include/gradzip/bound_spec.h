@@ -32,6 +32,9 @@ class BoundSpec {
   // it; null for aggregations without a codec (allreduce, gossip).
   const Spec& codec_spec() const { return codec_spec_; }
   const std::shared_ptr<const Codec>& codec() const { return codec_; }
+  // Error feedback: the spec's `ef`, else the codec's default (on for the biased codecs:
+  // topk, stc, sign with vote=mean); false without a codec. Every door reads it here.
+  bool error_feedback() const;
 
  private:
   Spec spec_;

@@ -95,6 +95,8 @@ def test_momentum_needs_error_feedback():
     import gradzip
     with pytest.raises(gradzip.SpecError, match="needs ef=1"):
         gradzip.Aggregation("topk:momentum=0.9,ef=0")
+    with pytest.raises(gradzip.SpecError, match="needs ef=1"):  # refused where the spec is bound, at every door
+        gradzip.Spec("randomk:density=0.1,momentum=0.9")
     with pytest.raises(gradzip.SpecError, match="momentum must be a number in"):
         gradzip.Spec("stc:momentum=1")
     with pytest.raises(gradzip.SpecError, match="unknown key 'momentum'"):

@@ -58,3 +58,16 @@ def test_aggregations_lists_every_key_with_its_default_and_meaning():
     details = {k["name"]: k for k in kinds["qsgd"]["key_details"]}
     assert details["bits"]["default"] == "4" and details["norm"]["expects"] == "one of l2, max"
     assert kinds["choco"]["decentralized"] and not kinds["topk"]["decentralized"]
+
+
+def test_error_feedback_has_one_default_for_every_door():
+    """The spec's ef, else the codec's own default: on for the biased codecs."""
+    import gradzip
+    assert gradzip.Spec("topk:density=0.01").uses_error_feedback
+    assert gradzip.Spec("stc:density=0.01").uses_error_feedback
+    assert gradzip.Spec("sign").uses_error_feedback
+    assert not gradzip.Spec("sign:vote=majority").uses_error_feedback
+    assert not gradzip.Spec("qsgd:bits=4").uses_error_feedback
+    assert gradzip.Spec("qsgd:bits=4,ef=1").uses_error_feedback
+    assert not gradzip.Spec("topk:ef=0").uses_error_feedback
+    assert not gradzip.Spec("allreduce").uses_error_feedback
