@@ -125,7 +125,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
           SpecKey::choice("exchange", "auto", {"auto", "oneshot", "twophase"},
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
-                          "would send more than a ring)"),
+                          "would send more than a ring; never twophase for topk, randomk or stc without ef)"),
           SpecKey::integer("rounds", "0", 0, kMaxRounds * 8,
                            "two-phase and compressed reduce-scatter in this many pipelined rounds, each chunk cut "
                            "into as many sub-pieces: the transport moves one round while the next is encoded "
@@ -225,8 +225,8 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  plan.scheme =
-      choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
+  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)),
+                                twophase_keeps_mass(*plan.codec, error_feedback_));
   if (plan.scheme == ExchangeScheme::kDense) return {};
   plan.exchange = &exchange_of(plan.scheme);
   plan.owned = plan.exchange->owned(n, ranks, transport.getRank());

@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <limits>
 
 #include "aggregate/exchange_rounds.h"
 #include "gradzip/stats.h"
@@ -69,11 +70,12 @@ const Exchange& exchange_of(ExchangeScheme scheme) {
   return scheme == ExchangeScheme::kTwoPhase ? twophase_exchange() : oneshot_exchange();
 }
 
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost) {
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool twophase_keeps_mass) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
-  if (cost.dense <= std::min(cost.oneshot, cost.twophase)) return ExchangeScheme::kDense;
-  return cost.oneshot <= cost.twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
+  const int64_t twophase = twophase_keeps_mass ? cost.twophase : std::numeric_limits<int64_t>::max();
+  if (cost.dense <= std::min(cost.oneshot, twophase)) return ExchangeScheme::kDense;
+  return cost.oneshot <= twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
 }
 
 }  // namespace gradzip

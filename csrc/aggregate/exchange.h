@@ -84,9 +84,14 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
                                       int64_t rounds_requested = 0);
 
 // auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
-// sends fewer than the dense ring (ties go to dense, then one-shot). oneshot and
+// sends fewer than the dense ring (ties go to dense, then one-shot), and two-phase only
+// when its owners' second encode loses nothing for good: never for a selection codec
+// (Codec::selects) without error feedback, whose owners would drop what their second
+// selection leaves out (the sum of sparse inputs would no longer be exact). oneshot and
 // twophase are taken as asked.
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost);
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool twophase_keeps_mass = true);
+// twophase_keeps_mass for `codec` with or without error feedback.
+inline bool twophase_keeps_mass(const Codec& codec, bool error_feedback) { return !codec.selects() || error_feedback; }
 
 // Chunk j of n elements split over `ranks`: [begin, begin + length), begin = ⌊j·n/ranks⌋.
 struct Chunk {

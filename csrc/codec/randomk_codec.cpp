@@ -67,6 +67,7 @@ class RandomKCodec final : public ValueCodec {
   explicit RandomKCodec(const CodecParameters& p) : ValueCodec(p), density_(p.density), unbiased_(p.unbiased) {}
   bool biased() const override { return !unbiased_; }
   bool carries_non_finite() const override { return false; }
+  bool selects() const override { return true; }
   size_t max_payload_bytes(int64_t n) const override {
     return kPayloadHeaderBytes + 28 + static_cast<size_t>(count_for_density(density_, n)) * 4;
   }

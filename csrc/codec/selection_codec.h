@@ -13,6 +13,7 @@ class SelectionCodec : public CodecBase {
  public:
   using CodecBase::CodecBase;
   bool biased() const final { return true; }
+  bool selects() const final { return true; }
 
   void encode(const float* x, int64_t n, float* residual, const EncodeContext&,
               std::vector<uint8_t>& out) const final {

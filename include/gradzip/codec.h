@@ -71,6 +71,9 @@ class Codec {
   // True when an Inf or NaN in x always makes some decoded value non-finite (false for
   // majority-vote sign, which sends a NaN's sign bit, and random-k, which may not pick it).
   virtual bool carries_non_finite() const { return true; }
+  // True when a payload keeps a subset of the elements (top-k, random-k, STC): a sum
+  // selected again (two-phase's owners) drops what the second selection leaves out.
+  virtual bool selects() const { return false; }
 
   // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
   // compresses x + residual and leaves in `residual` what was not sent. The error-bounded

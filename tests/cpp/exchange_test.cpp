@@ -90,6 +90,23 @@ TEST(ExchangeTest, AutoPicksTheFewestBytes) {
             ExchangeScheme::kTwoPhase);
 }
 
+TEST(ExchangeTest, AutoKeepsSelectionCodecsWithoutErrorFeedbackToOneSelection) {
+  const int64_t n = 1 << 20;
+  // Two-phase's owners would select again from the sum and drop the rest for good.
+  for (const char* spec : {"topk:density=0.01", "stc:density=0.01", "randomk:density=0.01"}) {
+    const auto selection = codec(spec);
+    EXPECT_FALSE(twophase_keeps_mass(*selection, false)) << spec;
+    EXPECT_TRUE(twophase_keeps_mass(*selection, true)) << spec;
+    for (int ranks : {4, 8, 16}) {
+      const ExchangeCost cost = exchange_cost(*selection, n, 4, ranks);
+      EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, cost, false), ExchangeScheme::kOneShot) << spec << ranks;
+      EXPECT_EQ(choose_exchange(ExchangeRequest::kTwoPhase, cost, false), ExchangeScheme::kTwoPhase) << spec;
+    }
+  }
+  EXPECT_TRUE(twophase_keeps_mass(*codec("qsgd:bits=4"), false));
+  EXPECT_TRUE(twophase_keeps_mass(*codec("sign"), false));
+}
+
 TEST(ExchangeTest, TwoPhaseBytesPerRankStayFlatInRanks) {
   const auto qsgd = codec("qsgd:bits=4");
   const int64_t n = 1 << 22;
