@@ -36,46 +36,56 @@ def passed_ranks(output):
     return {int(r) for r in re.findall(r"rank (\d+) ok", output)}
 
 
-pytestmark = pytest.mark.skipif(not gradzip.mpi.mpi_built(), reason="built without MPI (no libopenmpi-dev)")
+needs_mpi = pytest.mark.skipif(not gradzip.mpi.mpi_built(), reason="built without MPI (no libopenmpi-dev)")
 
 
 def test_built_with_mpi_where_open_mpi_is_installed():
-    """scripts/install-deps.sh installs Open MPI, so a build without the transport is a defect."""
-    assert gradzip.mpi.mpi_built()
+    """scripts/install-deps.sh installs Open MPI (mpirun and its headers), so a build
+    without the transport where they are is a defect: this test runs whatever the build."""
+    if not (shutil.which("mpirun") and shutil.which("mpicc")):
+        pytest.skip("Open MPI (openmpi-bin, libopenmpi-dev) is not installed here: no MPI build is expected")
+    assert gradzip.mpi.mpi_built(), "Open MPI is installed but gradzip was built without its MPI transport"
 
 
+@needs_mpi
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_every_collective_matches_gloo(ranks):
     status, output, _ = mpirun("conformance", ranks)
     assert status == 0 and passed_ranks(output) == set(range(ranks)), output
 
 
+@needs_mpi
 def test_ddp_over_mpi_is_bitwise_ddp_over_gloo():
     status, output, _ = mpirun("ddp", 2)
     assert status == 0 and passed_ranks(output) == {0, 1}, output
 
 
+@needs_mpi
 def test_compressed_aggregations_gossip_and_choco_run_over_mpi_unchanged():
     status, output, _ = mpirun("compressed", 3)
     assert status == 0 and passed_ranks(output) == {0, 1, 2}, output
 
 
+@needs_mpi
 def test_under_mpirun_no_master_addr_or_store_is_needed():
     status, output, _ = mpirun("no_store", 2, store=False)
     assert status == 0 and passed_ranks(output) == {0, 1}, output
 
 
+@needs_mpi
 @pytest.mark.parametrize("scenario", ["adopted", "funneled"])
 def test_an_mpi_initialized_before_gradzip(scenario):
     status, output, _ = mpirun(scenario, 2)
     assert status == 0 and passed_ranks(output) == {0, 1}, output
 
 
+@needs_mpi
 def test_bad_calls_give_errors_that_name_the_problem():
     status, output, _ = mpirun("errors", 3)
     assert status == 0 and passed_ranks(output) == {0, 1, 2}, output
 
 
+@needs_mpi
 def test_a_stopped_rank_gives_the_others_a_timeout_error():
     status, output, seconds = mpirun("stopped_rank", 3, timeout=120)
     # Ranks 0 and 2 passed their checks (a timeout error naming the call, then refusal)
@@ -84,6 +94,7 @@ def test_a_stopped_rank_gives_the_others_a_timeout_error():
     assert status != 0 and seconds < 60, output
 
 
+@needs_mpi
 def test_a_killed_rank_ends_the_job_instead_of_hanging():
     status, output, seconds = mpirun("killed_rank", 3, timeout=120)
     assert status != 0 and seconds < 60, output
