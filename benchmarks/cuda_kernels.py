@@ -44,6 +44,8 @@ def timed(fn, reps, warmup=3):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "cuda_kernels.json",
+                        help="where the JSON goes")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("cuda_kernels.py: no GPU visible to torch")
@@ -102,9 +104,8 @@ def main():
         bw = f"{100 * r['of_copy_bw']:9.0f}%" if "of_copy_bw" in r else ""
         print(f"{r['kernel']:28s} {r['n']:11d} {1e3 * r['seconds']:9.3f} {speed} {over:>7s} {bw}")
     targets = check_targets(rows, max(sizes))
-    out_dir = Path(__file__).resolve().parent / "results"
-    out_dir.mkdir(exist_ok=True)
-    path = out_dir / "cuda_kernels.json"
+    path = args.out
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(device=device, rows=rows, targets=targets), indent=1))
     print(f"wrote {path}")
     if not args.quick and not all(t["met"] for t in targets):

@@ -1,53 +1,118 @@
 #!/usr/bin/env bash
-# One command on a GPU machine: build gradzip with its CUDA kernels, run every test that
-# needs the GPU (a skip there is a failure), run them again under compute-sanitizer
-# (memcheck, racecheck, synccheck), print ptxas's resource report, then benchmark the
-# kernels (benchmarks/cuda_kernels.py: one table, JSON in benchmarks/results/) and, with
-# two GPUs or more, the end-to-end all_reduce against NCCL (benchmarks/cuda_allreduce.py).
+# One command on a GPU machine: build gradzip with its CUDA kernels (ptxas's resource
+# report kept), run every test that needs the GPU (a skip there is a failure), benchmark
+# the kernels (benchmarks/cuda_kernels.py), run the GPU GoogleTests under
+# compute-sanitizer and, with two GPUs or more, the end-to-end all_reduce
+# against NCCL (benchmarks/cuda_allreduce.py).
 #
-#   benchmarks/gpu.sh                          # everything (kernels at 1M, 10M, 100M elements)
+#   benchmarks/gpu.sh                          # every stage (kernels at 1M, 10M, 100M elements)
 #   benchmarks/gpu.sh --quick                  # smaller sizes
-#   benchmarks/gpu.sh --only test,sanitize     # some stages (after a build): build, test,
-#                                              # sanitize, kernels, allreduce
+#   benchmarks/gpu.sh --only build,test        # some stages: build, test, cputest,
+#                                              # kernels, sanitize, allreduce
 #   benchmarks/gpu.sh --python PY --debs DIR   # a machine without network: PY's own torch
+#
+# Options for a machine borrowed for minutes (docs/cuda.md, "First run on a GPU machine"):
+#   --out DIR         logs, JUnit XML, JSON and summary.txt go there (default build/gpu-out)
+#   --arch LIST       CUDA architectures to build, CMake's syntax (default "80-real;90"): 90
+#   --deadline S      the whole run ends within S seconds: every step runs under `timeout`
+#                     with what is left (less a reserve for the summary); a step that
+#                     would start with under 20 s left is recorded as not run
+#   --sanitize-tools  memcheck,racecheck,synccheck (the default) or a subset
+#   --sanitize-filter a GoogleTest filter for the sanitized subset (default CudaKernelsTest.*)
 #
 # --python PY uses that Python and the torch, pytest, cmake and ninja it has: no virtual
 # environment, no pip download, no apt (the lent GPU machines reach no registry; their
 # python3 holds a CUDA torch). gradzip is built against that torch, whatever its version.
-# --debs DIR unpacks the Debian packages in DIR into a private prefix that the build and
-# the tests use (libzfp, libzstd, libblosc, GoogleTest: what such a machine lacks);
-# scripts/gpu_debs.sh fetches them where apt reaches Debian.
+# --debs DIR unpacks the Debian packages in DIR into a private prefix that the build uses
+# (libzfp, libzstd, libblosc, GoogleTest: what such a machine lacks); at run time only the
+# libraries the system does not have are put on LD_LIBRARY_PATH (system libraries first).
+# scripts/gpu_debs.sh fetches the packages where apt reaches Debian.
 #
-# A failing stage does not stop the later ones (a first run should tell everything at
-# once); the summary at the end names every stage that failed, and the exit status is 1
-# if any did. Only a failed build stops the run. A machine that limits each command's
-# time can run the stages one --only at a time: the build stays in build/.
+# Every stage is self-contained after a build in the same command (nothing but build/ is
+# reused), so a fresh machine needs the build stage in the same command. A failing step
+# does not stop the later ones; the summary (also in DIR/summary.txt) names every step
+# that failed or did not run, and the exit status is 1 if any did. Only a failed build
+# stops the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+started=$SECONDS
 
 quick=()
-stages=build,test,sanitize,kernels,allreduce
+stages=build,test,cputest,kernels,sanitize,allreduce
 given_python=""
 debs=""
+out=build/gpu-out
+arch=""
+deadline=""
+sanitize_tools=memcheck,racecheck,synccheck
+sanitize_filter='CudaKernelsTest.*'
+usage="(--quick, --only STAGE[,STAGE...], --python PY, --debs DIR, --out DIR, --arch LIST, --deadline S, --sanitize-tools T[,T...], --sanitize-filter F)"
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=(--quick) ;;
     --only) stages=$2; shift ;;
     --python) given_python=$2; shift ;;
     --debs) debs=$2; shift ;;
-    *) echo "gpu.sh: unknown argument '$1' (--quick, --only STAGE[,STAGE...], --python PY, --debs DIR)"; exit 2 ;;
+    --out) out=$2; shift ;;
+    --arch) arch=$2; shift ;;
+    --deadline) deadline=$2; shift ;;
+    --sanitize-tools) sanitize_tools=$2; shift ;;
+    --sanitize-filter) sanitize_filter=$2; shift ;;
+    *) echo "gpu.sh: unknown argument '$1' $usage"; exit 2 ;;
   esac
   shift
 done
+for stage in ${stages//,/ }; do
+  case "$stage" in
+    build|test|cputest|sanitize|kernels|allreduce) ;;
+    *) echo "gpu.sh: unknown stage '$stage' (build, test, cputest, sanitize, kernels, allreduce)"; exit 2 ;;
+  esac
+done
+if [ -n "$deadline" ] && ! [[ "$deadline" =~ ^[0-9]+$ ]]; then
+  echo "gpu.sh: --deadline takes whole seconds, not '$deadline'"; exit 2
+fi
 wanted() { [[ ",$stages," == *",$1,"* ]]; }
+mkdir -p "$out" || { echo "gpu.sh: cannot make the output folder $out"; exit 2; }
+out=$(cd "$out" && pwd)
+exec > >(tee "$out/gpu.log") 2>&1
 
 failed=()
-# Runs "$@" as the step named $1 of a stage; a failure is recorded, not fatal.
+not_run=()
+# Seconds a step may take: what is left before the deadline, less 10 s for the summary.
+time_left() {
+  if [ -z "$deadline" ]; then echo 86400; else echo $((deadline - (SECONDS - started) - 10)); fi
+}
+# Runs "$@" as the step named $1 under the time left; a failure is recorded, not fatal.
 step() {
-  local name=$1
+  local name=$1 left rc
   shift
-  echo "=== gpu.sh: $name"
-  if "$@"; then echo "=== gpu.sh: $name: ok"; else echo "=== gpu.sh: $name: FAILED"; failed+=("$name"); fi
+  left=$(time_left)
+  if [ "$left" -lt 20 ]; then
+    echo "=== gpu.sh: $name: NOT RUN (deadline)"; not_run+=("$name"); return 1
+  fi
+  echo "=== gpu.sh: $name (at $((SECONDS - started)) s, ${left} s left)"
+  local begun=$SECONDS
+  # bash -c: a step may be one of this script's functions (exported below).
+  timeout --kill-after=5 "$left" bash -c '"$@"' step "$@"
+  rc=$?
+  if [ $rc = 0 ]; then
+    echo "=== gpu.sh: $name: ok ($((SECONDS - begun)) s)"
+  else
+    [ $rc = 124 ] && echo "=== gpu.sh: $name: timed out after $((SECONDS - begun)) s"
+    echo "=== gpu.sh: $name: FAILED (exit $rc)"; failed+=("$name")
+  fi
+  return $rc
+}
+finish() {
+  {
+    [ ${#failed[@]} -gt 0 ] && (IFS=';'; echo "gpu.sh: FAILED: ${failed[*]}")
+    [ ${#not_run[@]} -gt 0 ] && (IFS=';'; echo "gpu.sh: NOT RUN: ${not_run[*]}")
+    if [ ${#failed[@]} = 0 ] && [ ${#not_run[@]} = 0 ]; then
+      echo "gpu.sh: every stage asked for passed ($stages) in $((SECONDS - started)) s"
+    fi
+  } | tee "$out/summary.txt"
+  [ ${#failed[@]} = 0 ] && [ ${#not_run[@]} = 0 ]
+  exit $?
 }
 
 # nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them.
@@ -64,65 +129,89 @@ if [ -n "$debs" ]; then
   for deb in "$debs"/*.deb; do
     dpkg-deb -x "$deb" "$prefix" || { echo "gpu.sh: could not unpack $deb"; exit 1; }
   done
-  libdir=$prefix/usr/lib/$(uname -m)-linux-gnu
   export CMAKE_PREFIX_PATH="$prefix/usr${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}"
-  export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-  echo "gpu.sh: the packages of $debs unpacked in $prefix"
+  # At run time, only the libraries the system lacks: a link to each in a folder of its own.
+  libdir=$prefix/usr/lib/$(uname -m)-linux-gnu
+  runtime=$prefix/runtime
+  mkdir -p "$runtime"
+  known=$( (ldconfig -p 2>/dev/null || true) | awk 'NR > 1 {print $1}')
+  for lib in "$libdir"/lib*.so.*; do
+    [ -e "$lib" ] || continue
+    name=$(basename "$lib")
+    grep -qxF "$name" <<<"$known" || ln -sf "$lib" "$runtime/$name"
+  done
+  export LD_LIBRARY_PATH="$runtime${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "gpu.sh: the packages of $debs unpacked in $prefix; at run time from there: $(ls "$runtime" | tr '\n' ' ')"
 fi
 
+build_with_python() {
+  # No MPI transport: an MPI found by chance on such a machine is not what its tests need.
+  GRADZIP_CUDA=ON GRADZIP_CMAKE_ARGS="-DGRADZIP_MPI=OFF ${arch:+-DGRADZIP_CUDA_ARCHITECTURES=$arch}" \
+    "$PYTHON" -m pip install -v --no-build-isolation --no-deps --no-index -e . >"$out/build.log" 2>&1
+}
+build_with_make() {
+  make deps >"$out/build.log" 2>&1 || return 1
+  rm -f build/.installed
+  GRADZIP_CUDA=ON GRADZIP_CMAKE_ARGS="${arch:+-DGRADZIP_CUDA_ARCHITECTURES=$arch}" make build >>"$out/build.log" 2>&1
+}
+export out arch PYTHON
+export -f build_with_python build_with_make
 if wanted build; then
-  command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; exit 1; }
-  # The build, with the CUDA kernels required (configure fails without nvcc).
-  if [ -n "$given_python" ]; then
-    # No MPI transport: an MPI found by chance on such a machine is not what its tests need.
-    GRADZIP_CUDA=ON GRADZIP_CMAKE_ARGS="-DGRADZIP_MPI=OFF" "$PYTHON" -m pip install -q --no-build-isolation \
-      --no-deps --no-index -e . || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
-  else
-    make deps || { echo "gpu.sh: make deps failed"; exit 1; }
-    rm -f build/.installed
-    GRADZIP_CUDA=ON make build || { echo "gpu.sh: the build failed; nothing else can run"; exit 1; }
+  command -v nvcc >/dev/null || { echo "gpu.sh: no nvcc (install the CUDA toolkit of torch's CUDA major)"; failed+=(nvcc); finish; }
+  builder=build_with_make
+  [ -n "$given_python" ] && builder=build_with_python
+  if ! step "build${arch:+ (arch $arch)}" "$builder"; then
+    tail -n 60 "$out/build.log"
+    echo "gpu.sh: the build failed; nothing else can run"
+    finish
   fi
-  # Recompile the kernels verbosely to keep ptxas's report (registers, spills, smem).
-  touch cuda/*.cu
-  cmake --build build -v 2>&1 | tee build/ptxas.log >/dev/null
-  step "ptxas report" "$PYTHON" scripts/ptxas_report.py build/ptxas.log
+  # The kernels compile with -Xptxas=-v: the report comes from the build's own log.
+  step "ptxas report" sh -c '"$0" scripts/ptxas_report.py "$1" | tee "$2"' "$PYTHON" "$out/build.log" "$out/ptxas.txt"
 fi
-"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")' || exit 1
+"$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else "gpu.sh: torch sees no GPU")' ||
+  { failed+=("a GPU visible to torch"); finish; }
 
+# The GPU GoogleTests once; a skip fails, and the failures' own lines are shown.
 gtest_without_skips() {
-  local skipped
-  skipped=$(./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' | tee build/gtest_cuda.log |
-            grep -c '^\[  SKIPPED \]' || true)
-  grep -q '^\[  PASSED  \]' build/gtest_cuda.log && ! grep -q '^\[  FAILED  \]' build/gtest_cuda.log &&
-    [ "$skipped" = 0 ]
+  ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*' --gtest_output="xml:$out/gtest_cuda.xml" >"$out/gtest_cuda.log" 2>&1
+  local rc=$?
+  grep -E '^\[  (FAILED|SKIPPED) \]|Failure|error' "$out/gtest_cuda.log" | head -n 80
+  tail -n 3 "$out/gtest_cuda.log"
+  [ $rc = 0 ] && grep -q '^\[  PASSED  \]' "$out/gtest_cuda.log" && ! grep -q '^\[  SKIPPED \]' "$out/gtest_cuda.log"
 }
 pytest_without_skips() {
   # Several workers where pytest-xdist is there (the lent machines have it): most of the
   # time goes into starting ranks, not into the GPU.
   local workers=()
   "$PYTHON" -c 'import xdist' 2>/dev/null && workers=(-n 8)
-  "$PYTHON" -m pytest -q -rs "${workers[@]}" tests/python/test_cuda.py | tee build/test_cuda.log &&
-    ! grep -q "skipped" build/test_cuda.log
+  "$PYTHON" -m pytest -q -rs "${workers[@]}" --junitxml="$out/test_cuda.xml" tests/python/test_cuda.py \
+    >"$out/test_cuda.log" 2>&1
+  local rc=$?
+  grep -E '^(FAILED|ERROR|SKIPPED)|Error|assert' "$out/test_cuda.log" | head -n 80
+  tail -n 3 "$out/test_cuda.log"
+  [ $rc = 0 ] && ! grep -q "skipped" "$out/test_cuda.log"
 }
+export -f gtest_without_skips pytest_without_skips
 if wanted test; then
-  # The GPU GoogleTests once, in the next step (which also fails on a skip).
-  step "ctest" ctest --test-dir build --output-on-failure -E '^CudaKernelsTest\.'
   step "GPU GoogleTests, none skipped" gtest_without_skips
   step "tests/python/test_cuda.py, none skipped" pytest_without_skips
 fi
-
-# Every GPU GoogleTest under each of compute-sanitizer's tools (sizes up to 100003, the
-# slowed-down kernels' budget); any report fails the step.
-if wanted sanitize; then
-  for tool in memcheck racecheck synccheck; do
-    step "compute-sanitizer $tool" env GRADZIP_CUDA_TEST_QUICK=1 \
-      compute-sanitizer --tool "$tool" --error-exitcode 1 ./build/gradzip_tests --gtest_filter='CudaKernelsTest.*'
-  done
+if wanted cputest; then
+  step "ctest (CPU)" sh -c 'ctest --test-dir build --output-on-failure -j8 -E "^CudaKernelsTest\\." >"$0" 2>&1; rc=$?; tail -n 40 "$0"; exit $rc' "$out/ctest.log"
 fi
 
 # The kernels' table; it exits non-zero after printing when a target is missed.
 if wanted kernels; then
-  step "benchmarks/cuda_kernels.py (targets met)" "$PYTHON" benchmarks/cuda_kernels.py "${quick[@]}"
+  step "benchmarks/cuda_kernels.py (targets met)" "$PYTHON" benchmarks/cuda_kernels.py "${quick[@]}" --out "$out/cuda_kernels.json"
+fi
+
+# The chosen GPU GoogleTests under each chosen compute-sanitizer tool (sizes up to 100003,
+# the slowed-down kernels' budget); any report fails the step.
+if wanted sanitize; then
+  for tool in ${sanitize_tools//,/ }; do
+    step "compute-sanitizer $tool" sh -c 'env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$1" --error-exitcode 1 ./build/gradzip_tests --gtest_filter="$2" >"$0" 2>&1; rc=$?; grep -E "=========|FAILED" "$0" | head -n 60; tail -n 3 "$0"; exit $rc' \
+      "$out/sanitize_$tool.log" "$tool" "$sanitize_filter"
+  done
 fi
 
 # End to end: one rank per GPU (NCCL cannot put two ranks on one GPU).
@@ -136,9 +225,4 @@ if wanted allreduce; then
     echo "gpu.sh: one GPU: no end-to-end all_reduce table (benchmarks/cuda_allreduce.py needs a GPU per rank)"
   fi
 fi
-
-if [ ${#failed[@]} -gt 0 ]; then
-  (IFS=';'; echo "gpu.sh: FAILED: ${failed[*]}")
-  exit 1
-fi
-echo "gpu.sh: every stage asked for passed ($stages)"
+finish

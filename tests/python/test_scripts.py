@@ -90,8 +90,9 @@ def test_gpu_script_runs_every_stage_and_names_what_failed(tmp_path):
         (bin_dir / name).write_text(text)
         (bin_dir / name).chmod(0o755)
     env = dict(os.environ, GRADZIP_VENV=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
-    stages = "test,sanitize,kernels,allreduce"
-    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--quick", "--only", stages],
+    stages = "test,cputest,sanitize,kernels,allreduce"
+    out_dir = tmp_path / "out"
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--quick", "--only", stages, "--out", str(out_dir)],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = done.stdout + done.stderr
     assert done.returncode == 1, out
@@ -100,10 +101,39 @@ def test_gpu_script_runs_every_stage_and_names_what_failed(tmp_path):
     failed = summary[0].removeprefix("gpu.sh: FAILED: ").split(";")
     assert {"compute-sanitizer memcheck", "compute-sanitizer racecheck", "compute-sanitizer synccheck",
             "benchmarks/cuda_kernels.py (targets met)"} <= set(failed), out
-    assert "ctest" not in failed and "benchmarks/cuda_allreduce.py" not in failed, out
+    assert "ctest (CPU)" not in failed and "benchmarks/cuda_allreduce.py" not in failed, out
     assert "ran torchrun --standalone --nproc-per-node 2 benchmarks/cuda_allreduce.py --numel 4000000" in out
+    assert f"ran benchmarks/cuda_kernels.py --quick --out {out_dir}/cuda_kernels.json" in out
+    # The logs and the summary stay in the output folder.
+    assert (out_dir / "summary.txt").read_text() == summary[0] + "\n"
+    assert {"gpu.log", "gtest_cuda.log", "test_cuda.log", "sanitize_memcheck.log"} <= {p.name for p in out_dir.iterdir()}
     bad = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--fast"], capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "unknown argument '--fast'" in bad.stdout
+    bad = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--only", "test,bench"], capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "unknown stage 'bench'" in bad.stdout
+
+
+def test_gpu_script_stops_starting_steps_at_its_deadline(tmp_path):
+    # A machine lent for minutes: with the deadline spent, no step starts, each is named
+    # as not run, and the run fails; a chosen sanitizer subset is the only one asked for.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in {"python": FAKE_PYTHON, "compute-sanitizer": "#!/bin/bash\necho sanitizer $*\nexit 0\n"}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, GRADZIP_VENV=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    gpu_sh = ["bash", str(ROOT / "benchmarks/gpu.sh"), "--out", str(tmp_path / "out"), "--only", "sanitize"]
+    done = subprocess.run(gpu_sh + ["--deadline", "0"], env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "gpu.sh: NOT RUN: compute-sanitizer memcheck;compute-sanitizer racecheck;compute-sanitizer synccheck" in out
+    done = subprocess.run(gpu_sh + ["--deadline", "120", "--sanitize-tools", "racecheck", "--sanitize-filter", "A.*"],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 0, out
+    log = (tmp_path / "out" / "sanitize_racecheck.log").read_text()
+    assert "sanitizer --tool racecheck --error-exitcode 1 ./build/gradzip_tests --gtest_filter=A.*" in log, log
+    assert "memcheck" not in out.replace("sanitize-tools", ""), out
 
 
 def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
@@ -125,19 +155,22 @@ def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
     lib = package / "usr" / "lib" / f"{arch}-linux-gnu"
     lib.mkdir(parents=True)
     (lib / "libgradzipfake.so.1").write_text("not a library")
+    (lib / "libz.so.1").write_text("the system has its own")
     debs = tmp_path / "debs"
     debs.mkdir()
     subprocess.run(["dpkg-deb", "--build", str(package), str(debs / "fake.deb")], check=True, capture_output=True)
     env = dict(os.environ, TMPDIR=str(tmp_path))
     done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--python", str(bin_dir / "python"),
-                           "--debs", str(debs), "--only", "test"],
+                           "--debs", str(debs), "--only", "cputest", "--out", str(tmp_path / "out")],
                           env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     out = done.stdout + done.stderr
     prefix = tmp_path / "gradzip-debs"
     assert (prefix / "usr" / "lib" / f"{arch}-linux-gnu" / "libgradzipfake.so.1").exists(), out
-    assert f"ctest sees LD_LIBRARY_PATH={prefix}/usr/lib/{arch}-linux-gnu" in out, out
+    # At run time only what the system lacks: its own zlib comes first.
+    assert f"ctest sees LD_LIBRARY_PATH={prefix}/runtime" in out, out
+    assert (prefix / "runtime" / "libgradzipfake.so.1").exists() and not (prefix / "runtime" / "libz.so.1").exists()
     assert f"CMAKE_PREFIX_PATH={prefix}/usr" in out, out
-    assert "=== gpu.sh: ctest: ok" in out, out
+    assert "=== gpu.sh: ctest (CPU): ok" in out, out
     missing = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--python", str(tmp_path / "nothing")],
                              capture_output=True, text=True, cwd=ROOT)
     assert missing.returncode == 2 and "is not an executable" in missing.stdout
