@@ -42,12 +42,15 @@ GZ_HD uint32_t magnitude_key(float x) { return float_bits(x) & 0x7fffffffu; }
 // 1 for x >= +0 (and +NaN), 0 for x <= -0 (and -NaN): the sign bit, inverted.
 GZ_HD uint32_t nonnegative_bit(float x) { return (float_bits(x) >> 31) ^ 1u; }
 
-// fp32 -> IEEE half, round to nearest even; overflow to Inf, NaN stays NaN.
+// fp32 -> IEEE half, round to nearest even; overflow to Inf. A NaN keeps its sign and the
+// top 10 bits of its payload, made quiet: x86's F16C does so (vcvtps2ph), and the CPU codec
+// converts with it where the host has it, so every element is converted alike.
 GZ_HD uint16_t float_to_half(float x) {
   const uint32_t u = float_bits(x);
   const uint32_t sign = (u >> 16) & 0x8000u;
   const uint32_t abs = u & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u | (abs > 0x7f800000u ? 0x200u : 0u));
+  if (abs > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
+  if (abs == 0x7f800000u) return static_cast<uint16_t>(sign | 0x7c00u);
   if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds past 65504
   if (abs < 0x38800000u) {  // half subnormal or zero: scale by 2^24 and round
     const float magnitude = bits_float(abs) * 16777216.0f;  // exact: a power of two
@@ -68,7 +71,9 @@ GZ_HD float half_to_float(uint16_t h) {
     const float magnitude = static_cast<float>(mantissa) * 5.9604644775390625e-8f;
     return bits_float(float_bits(magnitude) | sign);
   }
-  if (exponent == 31) return bits_float(sign | 0x7f800000u | (mantissa << 13));
+  if (exponent == 31) {  // Inf, or a NaN made quiet with its payload kept (as F16C's vcvtph2ps)
+    return bits_float(sign | 0x7f800000u | (mantissa != 0 ? 0x400000u : 0u) | (mantissa << 13));
+  }
   return bits_float(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 

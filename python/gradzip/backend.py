@@ -62,6 +62,22 @@ def bound_device(dist_opts):
     return bound if bound is not None and getattr(bound, "type", None) == "cuda" else None
 
 
+def bind_transport_to_bound_device(group=None):
+    """Binds a gradzip group's NCCL transport to the GPU that init_process_group(device_id=...)
+    bound the group to, where the backend could not see it when it was made: torch versions
+    whose backend options carry no process group (2.11, the GPU machines' torch, among
+    them) set the group's bound device only after the backend exists. A no-op for other
+    groups, for groups bound to no GPU, and for a transport already bound."""
+    group = group if group is not None else dist.group.WORLD
+    bound = getattr(group, "bound_device_id", None)
+    if bound is None or bound.type != "cuda" or dist.get_backend(group) != BACKEND_NAME:
+        return
+    backend = group._get_backend(torch.device("cuda"))
+    nccl = backend.transport("cuda") if isinstance(backend, _C.Backend) else None
+    if nccl is not None and nccl.bound_device_id is None:
+        nccl.bound_device_id = bound
+
+
 def register():
     """Registers the backend name "gradzip" for cpu and cuda; safe to call again."""
     if BACKEND_NAME not in dist.Backend.backend_list:

@@ -8,6 +8,7 @@ import os
 
 import torch.distributed as dist
 
+from .backend import bind_transport_to_bound_device
 from .mpi import resolve_transport, world_from_mpirun
 from .options import Options
 
@@ -65,6 +66,7 @@ def init_process_group(backend: str = "gradzip", **kwargs):
             # torch.distributed insists on a store; the MPI transport never uses this one.
             kwargs.update(store=dist.HashStore(), rank=rank, world_size=size)
             dist.init_process_group(backend, **kwargs)
+            bind_transport_to_bound_device()
             return
     by_env = kwargs.get("init_method") in (None, "env://") and "store" not in kwargs
     if by_env and ("rank" not in kwargs or "world_size" not in kwargs) and not {"RANK", "WORLD_SIZE"} <= set(found):
@@ -74,3 +76,4 @@ def init_process_group(backend: str = "gradzip", **kwargs):
             "and no rank/world_size was passed"
         )
     dist.init_process_group(backend, **kwargs)
+    bind_transport_to_bound_device()

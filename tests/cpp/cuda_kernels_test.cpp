@@ -363,6 +363,27 @@ TEST_F(CudaKernelsTest, GolombChainCrossesChunksAtTheLargestParameter) {
   ASSERT_TRUE(same_bits(download(d_sum, n), expected));
 }
 
+// Top-k's pass 1 gathers the boundary bucket's indices per block in shared memory and
+// flushes them when a step could overflow the buffer: here the boundary bucket holds 3%
+// of 2^25 + 5 elements (about 1M, under the n/32 the candidate list takes), about 1900
+// per block, so every block flushes mid-way. The selection must still be the CPU's.
+TEST_F(CudaKernelsTest, TopKCandidatesOutnumberABlocksBuffer) {
+  if (std::getenv("GRADZIP_CUDA_TEST_QUICK")) GTEST_SKIP() << "GRADZIP_CUDA_TEST_QUICK: 2^25 elements are left out";
+  const int64_t n = (int64_t{1} << 25) + 5;
+  std::vector<float> x = random_input(n, 11);
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<float> boundary(2.5f, 2.7f);  // one bucket of pass 0: [2.5, 2.75)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t slot = i % 200;
+    if (slot == 0) x[i] = 100.0f + static_cast<float>(i % 1000);  // 0.5%: above the boundary
+    else if (slot <= 6) x[i] = i % 2 ? boundary(rng) : -boundary(rng);  // 3%: the boundary bucket
+    else x[i] = std::fmod(x[i], 1.0f);  // below it
+  }
+  for (const char* text : {"topk:density=0.01", "stc:density=0.01"}) {
+    for (bool feedback : {false, true}) ASSERT_NO_FATAL_FAILURE(expect_encoders_agree(text, x, feedback, "candidates"));
+  }
+}
+
 // Bit offsets past 2^31 (16-bit QSGD codes of 2^27 + 33 elements: 2^31 + 528 bits):
 // encode and decode against the CPU. Needs about 2 GB of device memory.
 TEST_F(CudaKernelsTest, BitOffsetsBeyond2To31) {

@@ -9,6 +9,9 @@
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -44,6 +47,28 @@ TEST(ElementMathTest, HalfMatchesTorch) {
   }
   EXPECT_TRUE(std::isnan(half_to_float(float_to_half(std::nanf("")))));
 }
+
+#if defined(__x86_64__)
+__attribute__((target("f16c"))) uint16_t f16c_from_float(float f) { return _cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT); }
+__attribute__((target("f16c"))) float f16c_to_float(uint16_t h) { return _cvtsh_ss(h); }
+
+// The CPU fp16 codec converts with F16C where the host has it and with the element math
+// elsewhere (the tail, hosts without it, the GPU): NaNs too must come out alike.
+TEST(ElementMathTest, HalfNansAreF16cs) {
+  if (!__builtin_cpu_supports("f16c")) GTEST_SKIP() << "this host has no F16C";
+  std::mt19937 rng(5);
+  std::uniform_int_distribution<uint32_t> payload(1, 0x7fffff);
+  for (int i = 0; i < 100000; ++i) {
+    const uint32_t nan = (i % 2 ? 0xff800000u : 0x7f800000u) | (i < 64 ? 1u << (i % 23) : payload(rng));
+    ASSERT_EQ(float_to_half(bits_float(nan)), f16c_from_float(bits_float(nan))) << std::hex << nan;
+  }
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    const float f = f16c_to_float(static_cast<uint16_t>(h));
+    ASSERT_EQ(float_bits(half_to_float(static_cast<uint16_t>(h))), float_bits(f)) << std::hex << h;
+    ASSERT_EQ(float_to_half(f), f16c_from_float(f)) << std::hex << h;
+  }
+}
+#endif
 
 TEST(ElementMathTest, Bf16MatchesTorch) {
   for (float f : interesting_floats()) {

@@ -220,3 +220,40 @@ def test_the_bound_device_is_read_from_whatever_the_backend_options_carry():
     assert bound_device(cpu) is None
     gpu = torch.device("cuda", 1)
     assert bound_device(SimpleNamespace(process_group=SimpleNamespace(bound_device_id=gpu))) == gpu
+
+
+def test_a_group_bound_after_its_backend_was_made_binds_its_transport(monkeypatch):
+    """Where torch sets the group's bound device only after the backend exists (2.11),
+    gradzip.init_process_group binds the NCCL transport then: once, and only a gradzip
+    group's, only to a GPU."""
+    from types import SimpleNamespace
+
+    import gradzip.backend as backend_module
+
+    class FakeBackend:
+        def __init__(self):
+            self.nccl = SimpleNamespace(bound_device_id=None)
+
+        def transport(self, device_type):
+            assert device_type == "cuda"
+            return self.nccl
+
+    made = FakeBackend()
+    monkeypatch.setattr(backend_module._C, "Backend", FakeBackend)
+    name = {"value": "gradzip"}
+    monkeypatch.setattr(backend_module.dist, "get_backend", lambda group: name["value"])
+
+    def group(bound):
+        return SimpleNamespace(bound_device_id=bound, _get_backend=lambda device: made)
+
+    backend_module.bind_transport_to_bound_device(group(None))
+    backend_module.bind_transport_to_bound_device(group(torch.device("cpu")))
+    assert made.nccl.bound_device_id is None
+    name["value"] = "gloo"
+    backend_module.bind_transport_to_bound_device(group(torch.device("cuda", 1)))
+    assert made.nccl.bound_device_id is None
+    name["value"] = "gradzip"
+    backend_module.bind_transport_to_bound_device(group(torch.device("cuda", 1)))
+    assert made.nccl.bound_device_id == torch.device("cuda", 1)
+    backend_module.bind_transport_to_bound_device(group(torch.device("cuda", 0)))  # already bound: kept
+    assert made.nccl.bound_device_id == torch.device("cuda", 1)
