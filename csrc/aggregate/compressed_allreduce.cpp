@@ -118,6 +118,13 @@ void check_compressed_spec(const BoundSpec& spec) {
   }
 }
 
+bool uses_node_levels(const BoundSpec& spec) {
+  const auto& keys = spec.kind().keys;
+  const bool takes = std::any_of(keys.begin(), keys.end(), [](const SpecKey& k) { return k.name == "hierarchy"; });
+  return takes && spec.spec().get_string("hierarchy", "auto") == "auto" && !spec.codec()->parameters().majority &&
+         spec.spec().get_double("momentum", 0.0) == 0;
+}
+
 std::vector<SpecKey> compressed_aggregation_keys() {
   return {SpecKey::boolean("ef", "",
                            "error feedback: add what earlier steps did not send, keep what this step does not send "
@@ -126,6 +133,10 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring; never twophase for topk, randomk or stc without ef)"),
+          SpecKey::choice("hierarchy", "auto", {"auto", "off"},
+                          "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
+                          "exactly inside each node and compresses only across the nodes, each local rank one "
+                          "shard (not with vote=majority or momentum); off: every rank a peer"),
           SpecKey::integer("rounds", "0", 0, kMaxRounds * 8,
                            "two-phase and compressed reduce-scatter in this many pipelined rounds, each chunk cut "
                            "into as many sub-pieces: the transport moves one round while the next is encoded "
@@ -180,7 +191,8 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       min_numel_(spec.spec().get_int("min_numel", 0)),
       warmup_(spec.spec().get_int("warmup", 0)),
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
-      agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()) {
+      agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
+      hierarchical_(uses_node_levels(spec)) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
   const CodecRecord& record = codec_record(codec_->id());
@@ -225,12 +237,45 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  plan.scheme = choose_exchange(exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)),
-                                twophase_keeps_mass(*plan.codec, error_feedback_));
-  if (plan.scheme == ExchangeScheme::kDense) return {};
-  plan.exchange = &exchange_of(plan.scheme);
+  const bool keeps_mass = twophase_keeps_mass(*plan.codec, error_feedback_);
+  if (const Hierarchy* hierarchy = hierarchy_of(transport)) {
+    // Across the nodes, the scheme auto would take for a shard among the nodes.
+    const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
+    const ExchangeScheme across = choose_exchange(
+        exchange_, exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
+                                 rounds_for(tensor)),
+        keeps_mass);
+    if (across == ExchangeScheme::kDense) return {};
+    plan.scheme = ExchangeScheme::kHierarchical;
+    plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
+                                                       : hierarchy->twophase_across.get();
+  } else {
+    plan.scheme = choose_exchange(
+        exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)), keeps_mass);
+    if (plan.scheme == ExchangeScheme::kDense) return {};
+    plan.exchange = &exchange_of(plan.scheme);
+  }
   plan.owned = plan.exchange->owned(n, ranks, transport.getRank());
   return plan;
+}
+
+void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {
+  TORCH_CHECK(levels.node && levels.lane && levels.node->getSize() * levels.lane->getSize() == transport->getSize(),
+              "gradzip: node levels must split the transport's ", transport->getSize(), " ranks into nodes of equal size");
+  std::lock_guard<std::mutex> lock(mutex_);
+  Hierarchy& hierarchy = hierarchies_[transport.get()];
+  hierarchy.transport = transport;
+  hierarchy.oneshot_across = hierarchical_exchange(levels, oneshot_exchange());
+  hierarchy.twophase_across = hierarchical_exchange(levels, twophase_exchange());
+  hierarchy.levels = std::move(levels);
+}
+
+const CompressedAllreduce::Hierarchy* CompressedAllreduce::hierarchy_of(const c10d::Backend& transport) const {
+  if (!hierarchical_) return nullptr;
+  const auto found = hierarchies_.find(&transport);
+  if (found == hierarchies_.end()) return nullptr;
+  const NodeLevels& levels = found->second.levels;
+  return levels.node->getSize() > 1 && levels.lane->getSize() > 1 ? &found->second : nullptr;
 }
 
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Tensor>& tensors,

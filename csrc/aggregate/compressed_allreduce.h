@@ -39,6 +39,8 @@
 // concurrently.
 #pragma once
 
+#include <map>
+#include <memory>
 #include <set>
 
 #include "aggregate/exchange.h"
@@ -74,8 +76,22 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                                 const c10d::ReduceScatterOptions& opts,
                                                 const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                 const std::string& key) override;
+  // With hierarchy=auto, calls over `transport` take the hierarchical exchange when its
+  // ranks sit in several nodes of several ranks (not for vote=majority or momentum
+  // correction, whose rules are per rank; they stay flat).
+  void use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) override;
 
  private:
+  // A transport's node levels and the hierarchical exchanges over them, by how they
+  // compress across the nodes.
+  struct Hierarchy {
+    c10::intrusive_ptr<c10d::Backend> transport;  // kept, so that its address names it
+    NodeLevels levels;
+    std::unique_ptr<Exchange> oneshot_across;
+    std::unique_ptr<Exchange> twophase_across;
+  };
+  // The hierarchy of `transport` when its calls may use it (mutex_ held), else null.
+  const Hierarchy* hierarchy_of(const c10d::Backend& transport) const;
   // How one call goes: exact, or compressed by an exchange; with two-phase, the chunk
   // this rank owns.
   struct Plan {
@@ -134,6 +150,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // (its state must not absorb such a step), or when the codec could hide one. Without
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
+  bool hierarchical_;  // the spec's hierarchy=auto, and rules that allow it
+  std::map<const c10d::Backend*, Hierarchy> hierarchies_;
   std::set<std::string> said_exact_;  // reduce-scatter keys already logged as going exact
 };
 
@@ -142,5 +160,9 @@ std::vector<SpecKey> compressed_aggregation_keys();
 // The rules between a compressed aggregation's keys (momentum needs error feedback),
 // checked when its spec is bound.
 void check_compressed_spec(const BoundSpec& spec);
+// Whether a spec's aggregation reduces exactly inside nodes and compresses across them
+// when its group's ranks sit in several nodes: a compressed aggregation with
+// hierarchy=auto, without vote=majority or momentum correction (their rules are per rank).
+bool uses_node_levels(const BoundSpec& spec);
 
 }  // namespace gradzip

@@ -18,6 +18,8 @@ const char* exchange_name(ExchangeScheme scheme) {
       return "oneshot";
     case ExchangeScheme::kTwoPhase:
       return "twophase";
+    case ExchangeScheme::kHierarchical:
+      return "hierarchical";
   }
   return "?";
 }
@@ -66,7 +68,8 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
 }
 
 const Exchange& exchange_of(ExchangeScheme scheme) {
-  TORCH_CHECK(scheme != ExchangeScheme::kDense, "gradzip: the dense scheme is the transport's own all-reduce");
+  TORCH_CHECK(scheme == ExchangeScheme::kOneShot || scheme == ExchangeScheme::kTwoPhase,
+              "gradzip: exchange_of takes one-shot or two-phase, not ", exchange_name(scheme));
   return scheme == ExchangeScheme::kTwoPhase ? twophase_exchange() : oneshot_exchange();
 }
 

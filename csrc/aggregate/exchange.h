@@ -18,6 +18,15 @@
 //   on its stream). Chunks, ownership and owner residuals do not depend on S; an
 //   element-wise codec (identity, fp16, bf16, sign without blocks) gives the same bits
 //   for every S, a codec that selects or scales per block selects per sub-piece.
+// hierarchical (the transport's ranks in N nodes of L, gradzip/aggregation.h NodeLevels):
+//   an exact fp32 reduce-scatter inside each node (local rank l gets the node's sum of
+//   chunk l of L, its shard), a compressed all-reduce of the shard across the nodes among
+//   the ranks that hold the same shard (one-shot or two-phase over the lane, error
+//   feedback per shard), then an exact all-gather of the shards inside the node. The
+//   slow links carry each node's compressed bytes once: c(n/L) per rank instead of
+//   c(n). Any worker residual is folded into the node's exact sum (nothing is lost
+//   when a tensor moves between a flat and a hierarchical exchange); the rank keeps a
+//   worker residual for its shard only.
 // dense: the transport's own all-reduce, 2·(P − 1)/P·n·(element size) bytes per rank.
 // reduce-scatter: two-phase's first half; rank j ends with the sum of chunk j, decoded
 //   in rank order into fp32. Sends (P − 1)·c(n/P) bytes per rank, against the ring's
@@ -38,11 +47,12 @@
 #include <string>
 
 #include "aggregate/tensor_codec.h"
+#include "gradzip/aggregation.h"
 #include "gradzip/codec.h"
 
 namespace gradzip {
 
-enum class ExchangeScheme { kDense, kOneShot, kTwoPhase };
+enum class ExchangeScheme { kDense, kOneShot, kTwoPhase, kHierarchical };
 const char* exchange_name(ExchangeScheme scheme);
 
 // What a spec's `exchange` key asks for: auto, oneshot or twophase.
@@ -119,7 +129,8 @@ struct ExchangeCall {
 };
 
 // A compressed scheme: how one all-reduce's payloads travel (one file each:
-// aggregate/oneshot_exchange.cpp, aggregate/twophase_exchange.cpp).
+// aggregate/oneshot_exchange.cpp, aggregate/twophase_exchange.cpp,
+// aggregate/hierarchical_exchange.cpp).
 class Exchange {
  public:
   virtual ~Exchange() = default;
@@ -134,7 +145,10 @@ class Exchange {
 };
 const Exchange& oneshot_exchange();
 const Exchange& twophase_exchange();
-// The exchange of a compressed scheme (not kDense).
+// The hierarchical exchange over `levels`, compressing across the nodes by `across`
+// (one-shot or two-phase). Its transport argument is the flat one (unused but for checks).
+std::unique_ptr<Exchange> hierarchical_exchange(NodeLevels levels, const Exchange& across);
+// The exchange of a flat compressed scheme (one-shot or two-phase).
 const Exchange& exchange_of(ExchangeScheme scheme);
 
 // Writes scale × the sum over the ranks of chunk `rank` of x (exchange_chunk) into

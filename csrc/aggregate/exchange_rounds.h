@@ -33,7 +33,7 @@ Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round);
 // until it returns): fresh allocations of this size come from mmap, and their first
 // touch costs more than the codec's own passes. GPU memory comes from torch's caching
 // allocator.
-enum class Buffer { kMine, kSend, kReceived, kAll, kOwnedSum, kCount };
+enum class Buffer { kMine, kSend, kReceived, kAll, kOwnedSum, kNodeSend, kNodeReceived, kShard, kNodeMine, kNodeAll, kCount };
 at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role);
 
 // A collective of byte slots in flight on the transport, and the buffer it fills there.

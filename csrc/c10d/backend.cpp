@@ -41,6 +41,14 @@ c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<
                                              validate, timeout);
 }
 
+void GradzipBackend::use_node_levels(c10::DeviceType device, NodeLevels levels) {
+  const auto& inner = transport(device);
+  TORCH_CHECK(inner, "gradzip: node levels for ", c10::DeviceTypeName(device), " tensors, which this group has no transport for");
+  drain();
+  aggregation_->use_node_levels(inner, levels);
+  (device == c10::DeviceType::CUDA ? cuda_levels_ : cpu_levels_) = std::move(levels);
+}
+
 void GradzipBackend::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
   if (receives_) receives_->set_timeout(timeout);

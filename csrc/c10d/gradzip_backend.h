@@ -50,6 +50,10 @@ class GradzipBackend final : public Backend {
   bool has_cuda_transport() const override { return cuda_ != nullptr; }
   Stats& stats() override { return stats_; }
   void drain() override { worker_.drain(); }
+  void use_node_levels(c10::DeviceType device, NodeLevels levels) override;
+  const NodeLevels& node_levels(c10::DeviceType device) const override {
+    return device == c10::DeviceType::CUDA ? cuda_levels_ : cpu_levels_;
+  }
 
   const std::string getBackendName() const override { return "gradzip"; }
   c10::intrusive_ptr<Options> getBackendOptions() override { return options_; }
@@ -125,6 +129,8 @@ class GradzipBackend final : public Backend {
 
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;
+  NodeLevels cpu_levels_;
+  NodeLevels cuda_levels_;
   std::unique_ptr<Aggregation> aggregation_;
   std::unique_ptr<CollectiveCheck> check_;
   std::shared_ptr<CheckedReceives> receives_;  // with check_

@@ -33,6 +33,23 @@ void bind_backend(py::module_& m) {
             return t ? py::cast(t) : py::none();
           },
           py::arg("device"), "The inner transport (Gloo or NCCL) that carries this device's tensors, or None.")
+      .def(
+          "use_node_levels",
+          [](gradzip::Backend& b, const std::string& device, c10::intrusive_ptr<c10d::Backend> node,
+             c10::intrusive_ptr<c10d::Backend> lane) {
+            b.use_node_levels(c10::Device(device).type(), {std::move(node), std::move(lane)});
+          },
+          py::arg("device"), py::arg("node"), py::arg("lane"), py::call_guard<py::gil_scoped_release>(),
+          "Splits the ranks of this device's transport into nodes: `node` joins this rank's node, `lane` the "
+          "ranks of the same local index on every node (gradzip.node_layout).")
+      .def(
+          "node_levels",
+          [](const gradzip::Backend& b, const std::string& device) -> py::object {
+            const NodeLevels& levels = b.node_levels(c10::Device(device).type());
+            if (!levels.node) return py::none();
+            return py::make_tuple(levels.node, levels.lane);
+          },
+          py::arg("device"), "The (node, lane) transports given for this device's tensors, or None.")
       .def("drain", &gradzip::Backend::drain, py::call_guard<py::gil_scoped_release>(),
            "Returns once every all_reduce issued before has finished.")
       .def("state_dict", &gradzip::Backend::state_dict, py::call_guard<py::gil_scoped_release>(),

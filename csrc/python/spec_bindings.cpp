@@ -4,6 +4,7 @@
 
 #include "codec/codec_record.h"
 #include "gradzip/aggregation.h"
+#include "aggregate/compressed_allreduce.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -47,6 +48,9 @@ void bind_spec(py::module_& m) {
                              "The ef key, or None when the spec leaves it to the default.")
       .def_property_readonly("uses_error_feedback", &BoundSpec::error_feedback,
                              "Error feedback as every door applies it: the ef key, else the codec's default.")
+      .def_property_readonly("uses_node_levels", &uses_node_levels,
+                             "Whether a group's all-reduces reduce exactly inside nodes and compress across "
+                             "them when its ranks sit in several nodes (hierarchy=auto).")
       .def_property_readonly("seed", [](const BoundSpec& s) -> py::object {
         return s.spec().has("seed") ? py::cast(s.spec().get_int("seed", 0)) : py::none();
       });

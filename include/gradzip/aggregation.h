@@ -30,6 +30,16 @@ struct TensorPiece {
   int64_t numel;
 };
 
+// A transport's ranks in two levels (aggregate/exchange.h, the hierarchical exchange):
+// `node` joins this rank with the others of its node (the fast links), `lane` joins it
+// with the rank of the same local index on every other node (the slow links). Every node
+// holds node->getSize() ranks; this rank is node->getRank() on its node, whose index
+// among the nodes is lane->getRank().
+struct NodeLevels {
+  c10::intrusive_ptr<c10d::Backend> node;
+  c10::intrusive_ptr<c10d::Backend> lane;
+};
+
 class Aggregation {
  public:
   explicit Aggregation(BoundSpec spec) : spec_(std::move(spec)) {}
@@ -71,6 +81,11 @@ class Aggregation {
   // again starts afresh.
   virtual void forget(const std::vector<std::string>& keys) {}
   virtual void load_state_dict(const std::map<std::string, at::Tensor>& state);
+
+  // Tells the aggregation how `transport`'s ranks sit in nodes, so that its calls over
+  // that transport may reduce exactly inside a node and compress only across nodes.
+  // Aggregations that cannot use it ignore it.
+  virtual void use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {}
 
  private:
   BoundSpec spec_;

@@ -33,6 +33,11 @@ class Backend : public c10d::Backend {
   virtual Stats& stats() = 0;
   // Returns once every all_reduce issued before has finished (on its worker thread: at once).
   virtual void drain() = 0;
+  // How the ranks of `device`'s transport sit in nodes (gradzip/aggregation.h), handed to
+  // the aggregation for its calls over that transport; node_levels() gives them back
+  // (null transports when none were given).
+  virtual void use_node_levels(c10::DeviceType device, NodeLevels levels) = 0;
+  virtual const NodeLevels& node_levels(c10::DeviceType device) const = 0;
   // The aggregation's state_dict() / load_state_dict() once every all_reduce issued
   // before has finished (all_reduce runs on a worker thread: gradzip_backend.h).
   std::map<std::string, at::Tensor> state_dict() {

@@ -6,6 +6,7 @@ import torch.distributed as dist
 
 from . import mpi
 from ._extension import _C
+from .node_layout import gloo_maker, node_layout, node_transports
 from .options import Options
 
 BACKEND_NAME = "gradzip"
@@ -50,7 +51,27 @@ def _create_backend(dist_opts, backend_options):
         bound = bound_device(dist_opts)
         if bound is not None:
             nccl.bound_device_id = bound
-    return _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
+    backend = _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
+    # The hierarchical exchange's node and lane transports, when the ranks sit in several
+    # nodes (not over MPI: its transport has no sub-communicators yet).
+    if spec.uses_node_levels and not over_mpi:
+        layout = node_layout(store, rank, size)
+        levels = node_transports(layout, rank, gloo_maker(store, timeout))
+        if levels is not None:
+            backend.use_node_levels("cpu", *levels)
+            if nccl is not None:
+                backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)))
+    return backend
+
+
+def nccl_maker(store, options):
+    """make() for node_transports: NCCL groups (their communicators made at first use)."""
+    def make(name, rank, size):
+        own = dist.ProcessGroupNCCL.Options()
+        own._timeout = options._timeout
+        own.group_name = f"{options.group_name}/{name}"
+        return dist.ProcessGroupNCCL(dist.PrefixStore(f"gradzip/nccl/{name}/", store), rank, size, own)
+    return make
 
 
 def bound_device(dist_opts):

@@ -1,0 +1,189 @@
+"""The hierarchical exchange: exact inside each node, compressed across the nodes
+(aggregate/exchange.h). One machine plays several nodes with GRADZIP_NODE_SIZE; the
+node layout from host names is tested without ranks."""
+import logging
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from ranks import run_ranks
+
+CODEC_SPECS = ["identity", "fp16", "bf16", "topk:density=0.01", "topk:density=0.02,values=fp16",
+               "stc:density=0.01", "randomk:density=0.05,seed=3", "sign", "qsgd:bits=4,seed=5", "uniform:threshold=0",
+               "sz:mode=abs,bound=1e-3", "zfp:mode=abs,bound=1e-3", "polar:block=256",
+               "topk:density=0.01,exchange=twophase", "qsgd:bits=4,exchange=oneshot", "stc:density=0.05,rounds=3"]
+
+
+def inputs(rank, step, n):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, generator=g)
+
+
+def world_inputs(world, step, n):
+    return sum(inputs(r, step, n).double() for r in range(world))
+
+
+def all_reduce_steps(rank, world, spec, sizes, steps):
+    """Per size and step, this rank's result; the group's node levels; its state."""
+    import gradzip
+    dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    levels = backend.node_levels("cpu")
+    results = {}
+    for n in sizes:
+        for step in range(steps):
+            x = inputs(rank, step, n)
+            dist.all_reduce(x)
+            results[(n, step)] = x
+    state = backend.state_dict()
+    dist.destroy_process_group()
+    shape = None if levels is None else (levels[0].size(), levels[1].size(), levels[0].rank(), levels[1].rank())
+    return results, shape, state
+
+
+def residuals_held(world, n, states, key):
+    """Σ over ranks of every worker and owner residual of one tensor, in float64."""
+    total = torch.zeros(n, dtype=torch.float64)
+    for state in states:
+        if f"{key}/residual" in state:
+            total += state[f"{key}/residual"].double()
+        if f"{key}/owner_residual" in state:
+            offset = int(state[f"{key}/owner_offset"])
+            owned = state[f"{key}/owner_residual"].double()
+            total[offset:offset + owned.numel()] += owned
+    return total
+
+
+@pytest.mark.parametrize("world,node_size", [(4, 2), (6, 2), (6, 3)])
+def test_every_layout_sums_exactly_inside_and_across(world, node_size):
+    """identity through the hierarchical exchange: the float64 sum within fp32 rounding,
+    the same bits on every rank, at sizes that split unevenly into shards (and shards
+    shorter than the nodes), the levels the layout asks for."""
+    sizes = [1, 3, 5, 100003]
+    outs = run_ranks(all_reduce_steps, world, "identity", sizes, 1, env={"GRADZIP_NODE_SIZE": str(node_size)})
+    nodes = world // node_size
+    for rank, (_, shape, _) in enumerate(outs):
+        assert shape == (node_size, nodes, rank % node_size, rank // node_size)
+    for n in sizes:
+        got = [out[0][(n, 0)] for out in outs]
+        assert all(torch.equal(got[0], g) for g in got), n
+        exact = world_inputs(world, 0, n)
+        assert torch.allclose(got[0].double(), exact, atol=1e-5 * world), (got[0].double() - exact).abs().max()
+
+
+@pytest.mark.parametrize("spec", CODEC_SPECS)
+def test_every_codec_gives_every_rank_the_same_bits(spec):
+    """2 nodes × 2 ranks: every codec's results are bitwise equal on every rank and
+    finite; with error feedback, what was summed plus what every residual holds is
+    everything the ranks put in."""
+    world, n, steps = 4, 20011, 3
+    outs = run_ranks(all_reduce_steps, world, spec, [n], steps, env={"GRADZIP_NODE_SIZE": "2"})
+    assert all(out[1] == (2, 2, r % 2, r // 2) for r, out in enumerate(outs))
+    for step in range(steps):
+        got = [out[0][(n, step)] for out in outs]
+        assert all(torch.equal(got[0], g) for g in got), step
+        assert torch.isfinite(got[0]).all()
+    states = [out[2] for out in outs]
+    key = next((k.rsplit("/", 1)[0] for k in states[0] if k.endswith("/residual")), None)
+    if key is None:
+        return  # no error feedback
+    summed = sum(outs[0][0][(n, step)].double() for step in range(steps))
+    put_in = sum(world_inputs(world, step, n) for step in range(steps))
+    held = residuals_held(world, n, states, key)
+    assert held.abs().max() > 0  # the residuals hold something
+    assert torch.allclose(summed + held, put_in, atol=2e-3), (summed + held - put_in).abs().max()
+
+
+def test_a_compressed_rank_keeps_a_residual_for_its_shard_only():
+    """The worker residual is zero outside the rank's shard (the rest went into the
+    node's exact sum), and the owner residual covers part of the shard."""
+    world, n = 4, 1000
+    outs = run_ranks(all_reduce_steps, world, "stc:density=0.05,exchange=twophase", [n], 2,
+                     env={"GRADZIP_NODE_SIZE": "2"})
+    for rank, (_, _, state) in enumerate(outs):
+        key = next(k.rsplit("/", 1)[0] for k in state if k.endswith("/residual"))
+        residual = state[f"{key}/residual"]
+        local = rank % 2
+        shard = slice(local * n // 2, (local + 1) * n // 2)
+        outside = torch.cat([residual[:shard.start], residual[shard.stop:]])
+        assert torch.count_nonzero(outside) == 0 and torch.count_nonzero(residual[shard]) > 0
+        offset, owned = int(state[f"{key}/owner_offset"]), state[f"{key}/owner_residual"].numel()
+        assert shard.start <= offset and offset + owned <= shard.stop and owned == 250
+
+
+def resume(rank, world, spec):
+    """Five steps straight, against three steps, the backend's state_dict into a new
+    group, then the same two: the same bits."""
+    import gradzip
+    dist.init_process_group("gloo")
+    options = gradzip.Options(aggregation=spec)
+    straight = dist.new_group(backend="gradzip", pg_options=options)
+    first = dist.new_group(backend="gradzip", pg_options=options)
+    for step in range(5):
+        a = inputs(rank, step, 5003)
+        dist.all_reduce(a, group=straight)
+        if step < 3:
+            dist.all_reduce(inputs(rank, step, 5003), group=first)
+    saved = first._get_backend(torch.device("cpu")).state_dict()
+    resumed = dist.new_group(backend="gradzip", pg_options=options)
+    resumed._get_backend(torch.device("cpu")).load_state_dict(saved)
+    for step in range(3, 5):
+        b = inputs(rank, step, 5003)
+        dist.all_reduce(b, group=resumed)
+    levels = resumed._get_backend(torch.device("cpu")).node_levels("cpu")
+    dist.destroy_process_group()
+    return torch.equal(a, b) and levels is not None
+
+
+@pytest.mark.parametrize("spec", ["stc:density=0.05", "qsgd:bits=4,exchange=twophase,seed=2"])
+def test_a_hierarchical_group_resumes_bit_exactly(spec):
+    assert all(run_ranks(resume, 4, spec, env={"GRADZIP_NODE_SIZE": "2"}))
+
+
+def levels_of(rank, world, spec):
+    import gradzip
+    dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    levels = dist.group.WORLD._get_backend(torch.device("cpu")).node_levels("cpu")
+    x = torch.full((100,), float(rank))
+    dist.all_reduce(x)
+    dist.destroy_process_group()
+    return levels is not None, x[0].item()
+
+
+@pytest.mark.parametrize("node_size,spec", [("4", "stc:density=0.01"), ("1", "stc:density=0.01"),
+                                            ("2", "stc:density=0.01,hierarchy=off"), ("2", "sign:vote=majority"),
+                                            ("2", "topk:density=0.01,momentum=0.9"), ("2", "allreduce")])
+def test_flat_where_there_is_no_hierarchy_to_use(node_size, spec):
+    """One node, one rank per node, hierarchy=off, per-rank rules (majority, momentum)
+    and exact aggregations: no node levels, the flat result."""
+    outs = run_ranks(levels_of, 4, spec, env={"GRADZIP_NODE_SIZE": node_size})
+    assert not any(uses for uses, _ in outs)
+    assert len({first for _, first in outs}) == 1
+    if spec == "allreduce":
+        assert outs[0][1] == 6.0
+
+
+def test_node_layout_groups_ranks_by_host_name(monkeypatch, caplog):
+    """Without the override, ranks with the same host name share a node: nodes in the
+    order of their lowest rank; the transports of a rank are its node's and its lane's;
+    nodes of different sizes stay flat, with a warning."""
+    from gradzip import node_layout as nl
+    monkeypatch.delenv("GRADZIP_NODE_SIZE", raising=False)
+    store = dist.HashStore()
+    for r, host in enumerate(["b", "a", "b", "a"]):
+        store.set(f"gradzip/host/{r}", host)
+    monkeypatch.setattr(nl.socket, "gethostname", lambda: "a")
+    layout = nl.node_layout(store, 3, 4)
+    assert layout == [[0, 2], [1, 3]]
+    made = nl.node_transports(layout, 3, lambda name, rank, size: (name, rank, size))
+    assert made == (("node1", 1, 2), ("lane1", 1, 2))
+    assert nl.node_transports([[0, 1, 2, 3]], 0, lambda *a: a) is None  # one node
+    assert nl.node_transports([[0], [1]], 0, lambda *a: a) is None      # one rank per node
+    with caplog.at_level(logging.WARNING):
+        assert nl.node_transports([[0, 1, 2], [3, 4]], 0, lambda *a: a) is None
+    assert "different numbers of ranks" in caplog.text
+    for bad in ["3", "0", "two"]:
+        monkeypatch.setenv("GRADZIP_NODE_SIZE", bad)
+        with pytest.raises(ValueError, match="GRADZIP_NODE_SIZE"):
+            nl.node_layout(store, 0, 4)
