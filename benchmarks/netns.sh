@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Runs N ranks of a command on a shaped network made of network namespaces (needs root).
 #
-#   sudo benchmarks/netns.sh [--ranks 4] [--rate 1gbit] [--delay 0.1ms] -- COMMAND [ARGS...]
+#   sudo benchmarks/netns.sh [--ranks 4] [--nodes N] [--rate 1gbit] [--delay 0.1ms] -- COMMAND [ARGS...]
 #   e.g. benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/collectives.py
 #
+# With --nodes N (N divides the ranks), the namespaces are nodes: node k holds ranks
+# kL..kL+L-1 (L = ranks/N), which reach each other over the node's own loopback,
+# unshaped, and the other nodes over its shaped link; they get a multi-node torchrun's
+# variables (LOCAL_RANK, LOCAL_WORLD_SIZE = L, GROUP_RANK = k).
 # Each rank runs in its own namespace gz<pid>-r<i> with one interface, eth0 (10.77.0.<i+1>),
 # a veth link to a bridge in a hub namespace gz<pid>-hub. Both directions of every link
 # are shaped: --rate (1gbit, 10gbit, 100mbit, ...) and --delay (one way, e.g. 0.1ms) with
@@ -17,11 +21,12 @@
 # failing rank's, else 0.
 set -euo pipefail
 
-ranks=4 rate=1gbit delay=0.1ms port=29500
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+ranks=4 nodes="" rate=1gbit delay=0.1ms port=29500
+usage() { sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --ranks) ranks="$2"; shift 2 ;;
+    --nodes) nodes="$2"; shift 2 ;;
     --rate) rate="$2"; shift 2 ;;
     --delay) delay="$2"; shift 2 ;;
     --port) port="$2"; shift 2 ;;
@@ -32,6 +37,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ $# -gt 0 ]] || { echo "netns.sh: no command given (put it after --)" >&2; usage; }
 [[ "$ranks" =~ ^[0-9]+$ && "$ranks" -ge 1 && "$ranks" -le 200 ]] || { echo "netns.sh: --ranks must be 1..200" >&2; exit 2; }
+nodes=${nodes:-$ranks}
+[[ "$nodes" =~ ^[0-9]+$ && "$nodes" -ge 1 && $((ranks % nodes)) -eq 0 ]] ||
+  { echo "netns.sh: --nodes must divide --ranks ($ranks)" >&2; exit 2; }
+per_node=$((ranks / nodes))
 [[ $(id -u) -eq 0 ]] || { echo "netns.sh: needs root (network namespaces and tc); run it with sudo" >&2; exit 2; }
 for tool in ip tc; do
   command -v "$tool" >/dev/null || { echo "netns.sh: '$tool' is missing (apt-get install iproute2)" >&2; exit 2; }
@@ -47,7 +56,7 @@ cleanup() {
   trap - EXIT INT TERM
   for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  for ((i = 0; i < ranks; i++)); do ip netns del "$prefix-r$i" 2>/dev/null || true; done
+  for ((i = 0; i < nodes; i++)); do ip netns del "$prefix-r$i" 2>/dev/null || true; done
   ip netns del "$hub" 2>/dev/null || true
   ip netns del "$prefix-probe" 2>/dev/null || true
   rm -rf "$logdir"
@@ -86,7 +95,7 @@ shape() {  # namespace, device: shape the device's egress
 ip netns add "$hub"
 ip -n "$hub" link add br0 type bridge
 ip -n "$hub" link set br0 up
-for ((i = 0; i < ranks; i++)); do
+for ((i = 0; i < nodes; i++)); do
   ns="$prefix-r$i"
   ip netns add "$ns"
   ip -n "$ns" link set lo up
@@ -98,13 +107,20 @@ for ((i = 0; i < ranks; i++)); do
   shape "$hub" "$prefix-h$i"
 done
 
+[[ $nodes -lt $ranks ]] && network="$network; $nodes nodes of $per_node ranks"
 for ((i = 0; i < ranks; i++)); do
-  env_vars=(MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" RANK="$i" WORLD_SIZE="$ranks" LOCAL_RANK="$i"
-            LOCAL_WORLD_SIZE="$ranks" GLOO_SOCKET_IFNAME=eth0 GRADZIP_NETWORK="netns: $network")
-  if [[ $i -eq 0 ]]; then
-    ip netns exec "$prefix-r$i" env "${env_vars[@]}" "$@" &
+  node=$((i / per_node))
+  env_vars=(MASTER_ADDR=10.77.0.1 MASTER_PORT="$port" RANK="$i" WORLD_SIZE="$ranks" GLOO_SOCKET_IFNAME=eth0
+            GRADZIP_NETWORK="netns: $network")
+  if [[ $nodes -lt $ranks ]]; then
+    env_vars+=(LOCAL_RANK=$((i % per_node)) LOCAL_WORLD_SIZE="$per_node" GROUP_RANK="$node")
   else
-    ip netns exec "$prefix-r$i" env "${env_vars[@]}" "$@" >"$logdir/rank-$i.log" 2>&1 &
+    env_vars+=(LOCAL_RANK="$i" LOCAL_WORLD_SIZE="$ranks")
+  fi
+  if [[ $i -eq 0 ]]; then
+    ip netns exec "$prefix-r$node" env "${env_vars[@]}" "$@" &
+  else
+    ip netns exec "$prefix-r$node" env "${env_vars[@]}" "$@" >"$logdir/rank-$i.log" 2>&1 &
   fi
   pids+=($!)
 done

@@ -237,21 +237,20 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   const int ranks = transport.getSize();
   Plan plan;
   plan.codec = codec_for(state);
-  const bool keeps_mass = twophase_keeps_mass(*plan.codec, error_feedback_);
   if (const Hierarchy* hierarchy = hierarchy_of(transport)) {
     // Across the nodes, the scheme auto would take for a shard among the nodes.
     const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
-    const ExchangeScheme across = choose_exchange(
-        exchange_, exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
-                                 rounds_for(tensor)),
-        keeps_mass);
+    const ExchangeScheme across = choose_exchange_for(
+        *plan.codec, error_feedback_, exchange_,
+        exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
+                      rounds_for(tensor)));
     if (across == ExchangeScheme::kDense) return {};
     plan.scheme = ExchangeScheme::kHierarchical;
     plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
                                                        : hierarchy->twophase_across.get();
   } else {
-    plan.scheme = choose_exchange(
-        exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)), keeps_mass);
+    plan.scheme = choose_exchange_for(*plan.codec, error_feedback_, exchange_,
+                                      exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
     if (plan.scheme == ExchangeScheme::kDense) return {};
     plan.exchange = &exchange_of(plan.scheme);
   }

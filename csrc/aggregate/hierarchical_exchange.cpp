@@ -1,10 +1,12 @@
 // Hierarchical: exact inside each node, compressed across the nodes (aggregate/exchange.h).
-// Rows inside the node are fp32 and one element longer than the longest chunk: the last
-// element of a rank's all-gathered row says whether its exchange across the nodes
-// failed, so that every rank of the node raises when one lane fails instead of waiting.
+// The exact stages go through the node's shared memory for CPU tensors where the node
+// has it (aggregate/node_shared_memory.h), else through the node's transport. Either
+// way every rank publishes whether its exchange across the nodes failed, so that every
+// rank of the node raises when one lane fails instead of waiting.
 #include <c10/util/Exception.h>
 
 #include "aggregate/exchange_rounds.h"
+#include "aggregate/node_shared_memory.h"
 
 namespace gradzip {
 namespace {
@@ -21,21 +23,90 @@ class HierarchicalExchange final : public Exchange {
     return {shard.begin + inner.begin, inner.length};
   }
   int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
-                      const c10::intrusive_ptr<c10d::Backend>& transport) const override {
+                    const c10::intrusive_ptr<c10d::Backend>& transport) const override {
+    TORCH_CHECK(levels_.node->getSize() * levels_.lane->getSize() == transport->getSize(), "gradzip: ",
+                levels_.lane->getSize(), " nodes of ", levels_.node->getSize(), " ranks do not make the group's ",
+                transport->getSize());
+    return levels_.shared && call.x.device().is_cpu() ? through_shared_memory(codec, host, call, sum)
+                                                      : through_node_transport(codec, host, call, sum);
+  }
+
+ private:
+  // Across the nodes, compressed: this rank's shard (`shard_x`, the node's exact sum of
+  // it) among the ranks that hold it, with the worker residual of the shard's elements,
+  // into `shard_sum`. Returns the bytes sent, and what failed ("" when nothing did).
+  std::pair<int64_t, std::string> across(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                         const Chunk& shard, const at::Tensor& shard_x, at::Tensor shard_sum) const {
+    ExchangeCall inner = call;
+    inner.x = shard_x;
+    if (call.worker_residual.defined()) inner.worker_residual = call.worker_residual.narrow(0, shard.begin, shard.length);
+    try {
+      return {across_.allreduce(codec, host, inner, shard_sum, levels_.lane), ""};
+    } catch (const std::exception& e) {
+      return {0, e.what()};
+    }
+  }
+
+  // Raises on every rank of the node when the exchange across the nodes failed on one of
+  // its ranks (`flags`: one per local rank, non-zero where it failed).
+  void check_failures(const at::Tensor& flags, const std::string& failure, const ExchangeCall& call) const {
+    TORCH_CHECK(failure.empty(), failure);
+    const at::Tensor failed = flags.ne(0).nonzero().cpu();
+    TORCH_CHECK(failed.numel() == 0, "gradzip: the exchange across the nodes failed on local rank ",
+                failed.numel() ? failed[0][0].item<int64_t>() : -1, " of this node for the tensor keyed '",
+                call.key ? *call.key : "?", "'");
+  }
+
+  // The exact stages in the node's shared memory: every rank writes x (plus its worker
+  // residual) as its row, sums its shard of every row in local rank order, writes the
+  // shard's sum across the nodes into the shared result, and reads the whole result.
+  // Two barriers: rows written before they are read, results before they are read (the
+  // next call's first barrier orders its writes after this call's reads).
+  int64_t through_shared_memory(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                at::Tensor sum) const {
     const int local_ranks = levels_.node->getSize();
     const int local = levels_.node->getRank();
-    TORCH_CHECK(local_ranks * levels_.lane->getSize() == transport->getSize(), "gradzip: ", levels_.lane->getSize(),
-                " nodes of ", local_ranks, " ranks do not make the group's ", transport->getSize());
+    const int64_t n = call.x.numel();
+    const Chunk shard = exchange_chunk(n, local_ranks, local);
+    float* base = reinterpret_cast<float*>(levels_.shared->reserve(4 * ((local_ranks + 1) * n + local_ranks)));
+    const auto shared = [&](int64_t offset, int64_t length) {
+      return at::from_blob(base + offset, {length}, at::dtype(at::kFloat));
+    };
+    at::Tensor row = shared(local * n, n);
+    if (call.worker_residual.defined()) {
+      at::add_out(row, call.x, call.worker_residual);
+      call.worker_residual.zero_();
+    } else {
+      row.copy_(call.x);
+    }
+    levels_.shared->barrier();
+    const at::Tensor shard_x = bytes_on(call.x.device(), 4 * shard.length, Buffer::kShard).view(at::kFloat);
+    shard_x.copy_(shared(shard.begin, shard.length));
+    for (int j = 1; j < local_ranks; ++j) shard_x.add_(shared(j * n + shard.begin, shard.length));
+    const at::Tensor result = shared(local_ranks * n, n);
+    const at::Tensor flags = shared((local_ranks + 1) * n, local_ranks);
+    const auto [sent, failure] = across(codec, host, call, shard, shard_x, result.narrow(0, shard.begin, shard.length));
+    flags[local].fill_(failure.empty() ? 0.0 : 1.0);
+    levels_.shared->barrier();
+    check_failures(flags, failure, call);
+    sum.copy_(result);
+    return sent;
+  }
+
+  // The exact stages over the node's transport: an all-to-all of fp32 rows (chunk j of x
+  // plus the worker residual to local rank j, summed there in local rank order), then an
+  // all-gather of the shards' sums, each row one element longer than the longest chunk
+  // for its rank's failure flag.
+  int64_t through_node_transport(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+                                 at::Tensor sum) const {
+    const int local_ranks = levels_.node->getSize();
+    const int local = levels_.node->getRank();
     const int64_t n = call.x.numel();
     const Chunk shard = exchange_chunk(n, local_ranks, local);
     const int64_t width = largest_chunk(n, local_ranks) + 1;  // a chunk, then the status
     const int64_t row_bytes = 4 * width;
     const at::Device device = call.x.device();
     Rounds flights(call);
-
-    // Inside the node, exact: local rank j gets the node's rows of chunk j (x plus the
-    // worker residual, which is then zero outside this rank's shard), summed in local
-    // rank order.
     const at::Tensor rows = bytes_on(device, local_ranks * row_bytes, Buffer::kNodeSend).view(at::kFloat);
     for (int j = 0; j < local_ranks; ++j) {
       const Chunk c = exchange_chunk(n, local_ranks, j);
@@ -55,40 +126,20 @@ class HierarchicalExchange final : public Exchange {
     shard_x.copy_(received.narrow(0, 0, shard.length));
     for (int j = 1; j < local_ranks; ++j) shard_x.add_(received.narrow(0, j * width, shard.length));
 
-    // Across the nodes, compressed: the shard among the ranks that hold it, with the
-    // worker residual of the shard's elements.
-    ExchangeCall inner = call;
-    inner.x = shard_x;
-    if (call.worker_residual.defined()) inner.worker_residual = call.worker_residual.narrow(0, shard.begin, shard.length);
     const at::Tensor mine = bytes_on(device, row_bytes, Buffer::kNodeMine).view(at::kFloat);
-    int64_t across = 0;
-    std::string failure;
-    try {
-      across = across_.allreduce(codec, host, inner, mine.narrow(0, 0, shard.length), levels_.lane);
-      mine.narrow(0, width - 1, 1).fill_(0.0);
-    } catch (const std::exception& e) {
-      failure = e.what();
-      mine.narrow(0, width - 1, 1).fill_(1.0);
-    }
-
-    // Inside the node, exact: every shard's sum to every local rank.
+    const auto [sent, failure] = across(codec, host, call, shard, shard_x, mine.narrow(0, 0, shard.length));
+    mine.narrow(0, width - 1, 1).fill_(failure.empty() ? 0.0 : 1.0);
     flights.start_allgather(mine.view(at::kByte),
                             bytes_on(call.transport_device, local_ranks * row_bytes, Buffer::kNodeAll), levels_.node);
     const at::Tensor all = flights.finish(1).view(at::kFloat);
-    TORCH_CHECK(failure.empty(), failure);
-    const at::Tensor failed = all.view({local_ranks, width}).select(1, width - 1).ne(0).nonzero().cpu();
-    TORCH_CHECK(failed.numel() == 0, "gradzip: the exchange across the nodes failed on local rank ",
-                failed.numel() ? failed[0][0].item<int64_t>() : -1, " of this node for the tensor keyed '",
-                call.key ? *call.key : "?", "'");
+    check_failures(all.view({local_ranks, width}).select(1, width - 1), failure, call);
     for (int j = 0; j < local_ranks; ++j) {
       const Chunk c = exchange_chunk(n, local_ranks, j);
       sum.narrow(0, c.begin, c.length).copy_(all.narrow(0, j * width, c.length));
     }
-    const int64_t inside = 2 * (local_ranks - 1) * row_bytes;
-    return inside + across;
+    return 2 * (local_ranks - 1) * row_bytes + sent;
   }
 
- private:
   NodeLevels levels_;
   const Exchange& across_;
 };

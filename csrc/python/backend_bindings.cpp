@@ -2,6 +2,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
+#include "aggregate/node_shared_memory.h"
 #include "c10d/gradzip_backend.h"
 #include "python/bindings.h"
 #include "python/gil_free_holder.h"
@@ -36,12 +37,16 @@ void bind_backend(py::module_& m) {
       .def(
           "use_node_levels",
           [](gradzip::Backend& b, const std::string& device, c10::intrusive_ptr<c10d::Backend> node,
-             c10::intrusive_ptr<c10d::Backend> lane) {
-            b.use_node_levels(c10::Device(device).type(), {std::move(node), std::move(lane)});
+             c10::intrusive_ptr<c10d::Backend> lane, std::optional<std::string> shared_memory) {
+            NodeLevels levels{node, std::move(lane), nullptr};
+            if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
+            b.use_node_levels(c10::Device(device).type(), std::move(levels));
           },
-          py::arg("device"), py::arg("node"), py::arg("lane"), py::call_guard<py::gil_scoped_release>(),
+          py::arg("device"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
+          py::call_guard<py::gil_scoped_release>(),
           "Splits the ranks of this device's transport into nodes: `node` joins this rank's node, `lane` the "
-          "ranks of the same local index on every node (gradzip.node_layout).")
+          "ranks of the same local index on every node (gradzip.node_layout); `shared_memory` names a POSIX "
+          "shared-memory object for the node's CPU stages (every rank of the node passes the same name).")
       .def(
           "node_levels",
           [](const gradzip::Backend& b, const std::string& device) -> py::object {

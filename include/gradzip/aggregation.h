@@ -30,14 +30,18 @@ struct TensorPiece {
   int64_t numel;
 };
 
+class NodeSharedMemory;  // aggregate/node_shared_memory.h
+
 // A transport's ranks in two levels (aggregate/exchange.h, the hierarchical exchange):
 // `node` joins this rank with the others of its node (the fast links), `lane` joins it
 // with the rank of the same local index on every other node (the slow links). Every node
 // holds node->getSize() ranks; this rank is node->getRank() on its node, whose index
-// among the nodes is lane->getRank().
+// among the nodes is lane->getRank(). `shared` (optional, CPU tensors): memory the ranks
+// of the node share, which the exact stages then use instead of the node transport.
 struct NodeLevels {
   c10::intrusive_ptr<c10d::Backend> node;
   c10::intrusive_ptr<c10d::Backend> lane;
+  std::shared_ptr<NodeSharedMemory> shared;
 };
 
 class Aggregation {

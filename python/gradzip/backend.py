@@ -1,4 +1,5 @@
 """The torch.distributed backend "gradzip": its creator and its registration."""
+import os
 from datetime import timedelta
 
 import torch
@@ -6,7 +7,7 @@ import torch.distributed as dist
 
 from . import mpi
 from ._extension import _C
-from .node_layout import gloo_maker, node_layout, node_transports
+from .node_layout import gloo_maker, node_layout, node_transports, shared_memory_name
 from .options import Options
 
 BACKEND_NAME = "gradzip"
@@ -58,7 +59,10 @@ def _create_backend(dist_opts, backend_options):
         layout = node_layout(store, rank, size)
         levels = node_transports(layout, rank, gloo_maker(store, timeout))
         if levels is not None:
-            backend.use_node_levels("cpu", *levels)
+            # GRADZIP_NODE_SHARED_MEMORY=0: the node's CPU stages over Gloo instead (a small /dev/shm).
+            shared = os.environ.get("GRADZIP_NODE_SHARED_MEMORY", "1") != "0"
+            backend.use_node_levels("cpu", *levels,
+                                    shared_memory=shared_memory_name(store, layout, rank) if shared else None)
             if nccl is not None:
                 backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)))
     return backend

@@ -54,6 +54,26 @@ TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
   EXPECT_EQ(reduce_scatter_cost(*fp16, 1000, 4, 4, 3).compressed, 3 * 3 * slot_bytes(*fp16, 84));
 }
 
+TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCodecsThatDoNotSelect) {
+  // At 2 ranks two-phase sends one-shot's bytes plus framing; from several rounds on its
+  // rounds overlap the codec with the wire, so auto takes it for codecs that keep every
+  // element, and not for those whose owners would select again.
+  const int64_t n = 25'000'000;
+  const ExchangeCost fp16 = exchange_cost(*codec("fp16"), n, 4, 2);
+  ASSERT_GT(fp16.rounds, 1);
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), false, ExchangeRequest::kAuto, fp16), ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, fp16), ExchangeScheme::kOneShot);  // by bytes alone
+  const ExchangeCost qsgd = exchange_cost(*codec("qsgd:bits=4"), 4 * n, 4, 2);
+  ASSERT_GT(qsgd.rounds, 1);
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), false, ExchangeRequest::kAuto, qsgd), ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), true, ExchangeRequest::kAuto,
+                                exchange_cost(*codec("stc:density=0.01"), n, 4, 2)),
+            ExchangeScheme::kOneShot);
+  // One round (1M fp16 at 2 ranks): nothing to overlap, the fewest bytes.
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), false, ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), 1 << 20, 4, 2)),
+            ExchangeScheme::kOneShot);
+}
+
 TEST(ExchangeTest, AutoPicksTheFewestBytes) {
   const int64_t n = 1 << 20;
   // Dense fp16 payloads: one-shot wins at 2 ranks, two-phase beyond (flat in P).

@@ -55,13 +55,16 @@ def residuals_held(world, n, states, key):
     return total
 
 
+@pytest.mark.parametrize("shared", ["1", "0"])
 @pytest.mark.parametrize("world,node_size", [(4, 2), (6, 2), (6, 3)])
-def test_every_layout_sums_exactly_inside_and_across(world, node_size):
-    """identity through the hierarchical exchange: the float64 sum within fp32 rounding,
-    the same bits on every rank, at sizes that split unevenly into shards (and shards
-    shorter than the nodes), the levels the layout asks for."""
+def test_every_layout_sums_exactly_inside_and_across(world, node_size, shared):
+    """identity through the hierarchical exchange, its node stages in shared memory and
+    over Gloo: the float64 sum within fp32 rounding, the same bits on every rank, at
+    sizes that split unevenly into shards (and shards shorter than the nodes), the levels
+    the layout asks for."""
     sizes = [1, 3, 5, 100003]
-    outs = run_ranks(all_reduce_steps, world, "identity", sizes, 1, env={"GRADZIP_NODE_SIZE": str(node_size)})
+    outs = run_ranks(all_reduce_steps, world, "identity", sizes, 1,
+                     env={"GRADZIP_NODE_SIZE": str(node_size), "GRADZIP_NODE_SHARED_MEMORY": shared})
     nodes = world // node_size
     for rank, (_, shape, _) in enumerate(outs):
         assert shape == (node_size, nodes, rank % node_size, rank // node_size)
@@ -76,9 +79,13 @@ def test_every_layout_sums_exactly_inside_and_across(world, node_size):
 def test_every_codec_gives_every_rank_the_same_bits(spec):
     """2 nodes × 2 ranks: every codec's results are bitwise equal on every rank and
     finite; with error feedback, what was summed plus what every residual holds is
-    everything the ranks put in."""
+    everything the ranks put in. The node stages in shared memory and over Gloo give the
+    same bits."""
     world, n, steps = 4, 20011, 3
     outs = run_ranks(all_reduce_steps, world, spec, [n], steps, env={"GRADZIP_NODE_SIZE": "2"})
+    over_gloo = run_ranks(all_reduce_steps, world, spec, [n], steps,
+                          env={"GRADZIP_NODE_SIZE": "2", "GRADZIP_NODE_SHARED_MEMORY": "0"})
+    assert all(torch.equal(a[0][(n, s)], b[0][(n, s)]) for a, b in zip(outs, over_gloo) for s in range(steps))
     assert all(out[1] == (2, 2, r % 2, r // 2) for r, out in enumerate(outs))
     for step in range(steps):
         got = [out[0][(n, step)] for out in outs]
@@ -164,6 +171,19 @@ def test_flat_where_there_is_no_hierarchy_to_use(node_size, spec):
         assert outs[0][1] == 6.0
 
 
+def test_a_node_is_a_host_and_the_launchers_node_index(monkeypatch):
+    from gradzip import node_layout as nl
+    monkeypatch.setattr(nl.socket, "gethostname", lambda: "host")
+    monkeypatch.delenv("SLURM_NODEID", raising=False)
+    monkeypatch.setenv("GROUP_RANK", "3")
+    assert nl.node_identity() == "host/3"
+    monkeypatch.delenv("GROUP_RANK")
+    monkeypatch.setenv("SLURM_NODEID", "1")
+    assert nl.node_identity() == "host/1"
+    monkeypatch.delenv("SLURM_NODEID")
+    assert nl.node_identity() == "host/"
+
+
 def test_node_layout_groups_ranks_by_host_name(monkeypatch, caplog):
     """Without the override, ranks with the same host name share a node: nodes in the
     order of their lowest rank; the transports of a rank are its node's and its lane's;
@@ -173,7 +193,7 @@ def test_node_layout_groups_ranks_by_host_name(monkeypatch, caplog):
     store = dist.HashStore()
     for r, host in enumerate(["b", "a", "b", "a"]):
         store.set(f"gradzip/host/{r}", host)
-    monkeypatch.setattr(nl.socket, "gethostname", lambda: "a")
+    monkeypatch.setattr(nl, "node_identity", lambda: "a")
     layout = nl.node_layout(store, 3, 4)
     assert layout == [[0, 2], [1, 3]]
     made = nl.node_transports(layout, 3, lambda name, rank, size: (name, rank, size))

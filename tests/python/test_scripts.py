@@ -266,6 +266,49 @@ def test_netns_runs_ranks_on_a_shaped_network(tmp_path):
     assert "gz" not in listed, listed  # everything it created is gone
 
 
+@pytest.mark.skipif(_netns_usable() is not None, reason=str(_netns_usable()))
+def test_netns_nodes_share_a_namespace_and_a_shaped_link(tmp_path):
+    """--nodes 2 with 4 ranks: two ranks per namespace, the variables of a multi-node
+    torchrun, and the hierarchical benchmark counts the bytes each node's link sent:
+    fewer for the hierarchical exchange than for the flat one."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([str(ROOT / "benchmarks/netns.sh"), "--ranks", "4", "--nodes", "2", "--rate", "1gbit", "--",
+                           sys.executable, str(ROOT / "benchmarks/hierarchy.py"), "--quick", "--specs",
+                           "qsgd:bits=4", "--json", str(tmp_path / "h.json")],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "h.json").read_text())
+    assert (result["nodes"], result["per_node"]) == (2, 2) and "2 nodes of 2 ranks" in result["network"]
+    link = result["rows"][0]["link_bytes_per_node"]
+    assert 0 < link["hierarchical"] < 0.75 * link["flat"], link
+    bad = subprocess.run([str(ROOT / "benchmarks/netns.sh"), "--ranks", "4", "--nodes", "3", "--", "true"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "--nodes must divide" in bad.stderr
+
+
+def test_hierarchy_benchmark_quick_and_its_model(tmp_path):
+    """The benchmark on one machine playing 2 nodes of 2 ranks (no link to count: the
+    model's bytes), and the model alone at a scale: the hierarchical exchange's node
+    link carries at most 1/L of the flat one's plus framing."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(OMP_NUM_THREADS="1", GRADZIP_NODE_SIZE="2")
+    done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "4", str(ROOT / "benchmarks/hierarchy.py"),
+                           "--quick", "--specs", "stc:density=0.01;fp16", "--rate", "1gbit", "--json",
+                           str(tmp_path / "h.json")], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    result = json.loads((tmp_path / "h.json").read_text())
+    assert [row["spec"] for row in result["rows"]] == ["stc:density=0.01", "fp16"]
+    for row in result["rows"]:
+        assert row["link_bytes_per_node"] is None
+        assert all(row["seconds"][m] > 0 for m in ("gloo", "flat", "hierarchical"))
+        assert row["predicted_seconds"]["hierarchical"] > 0
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/hierarchy.py"), "--predict", "64x8", "--rate",
+                           "100gbit", "--specs", "qsgd:bits=4"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("qsgd:bits=4"))
+    assert float(row[4]) > 4, done.stdout  # flat/hier: L = 8 minus the ring's own (P-1)/(N-1) share
+
+
 def test_codecs_benchmark_quick(tmp_path):
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks/codecs.py"), "--quick", "--json",
                            str(tmp_path / "codecs.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -1,0 +1,41 @@
+// NodeSharedMemory: memory shared by the ranks of one node (a POSIX shared-memory
+// object), for the hierarchical exchange's exact stages on the CPU: every rank writes its
+// rows there and the others read them in place, instead of sending them through the
+// node's transport (Gloo over loopback copies every byte through the kernel twice).
+//
+// Made by every rank of the node together, and grown together: reserve() is collective
+// over the node, called with the same size in the same order on every rank (as the
+// exchange's calls are). A node that cannot get the memory (a full /dev/shm) raises on
+// every rank instead of faulting later: the space is allocated when it grows.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace gradzip {
+
+class NodeSharedMemory {
+ public:
+  // `name` (a POSIX shm name, "/..."): the same on every rank of the node, unique to it.
+  // The object is unlinked once every rank has opened it: nothing outlives the ranks.
+  NodeSharedMemory(const std::string& name, c10::intrusive_ptr<c10d::Backend> node);
+  ~NodeSharedMemory();
+  NodeSharedMemory(const NodeSharedMemory&) = delete;
+  NodeSharedMemory& operator=(const NodeSharedMemory&) = delete;
+
+  // At least `bytes` of the object, mapped here; the same bytes on every rank of the node.
+  uint8_t* reserve(int64_t bytes);
+  // Returns once every rank of the node has called it.
+  void barrier();
+
+ private:
+  std::string name_;
+  c10::intrusive_ptr<c10d::Backend> node_;
+  int fd_ = -1;
+  uint8_t* base_ = nullptr;
+  int64_t size_ = 0;
+};
+
+}  // namespace gradzip
