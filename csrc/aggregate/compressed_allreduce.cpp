@@ -118,11 +118,22 @@ void check_compressed_spec(const BoundSpec& spec) {
   }
 }
 
-bool uses_node_levels(const BoundSpec& spec) {
+namespace {
+
+bool takes_key(const BoundSpec& spec, const char* name) {
   const auto& keys = spec.kind().keys;
-  const bool takes = std::any_of(keys.begin(), keys.end(), [](const SpecKey& k) { return k.name == "hierarchy"; });
-  return takes && spec.spec().get_string("hierarchy", "auto") == "auto" && !spec.codec()->parameters().majority &&
-         spec.spec().get_double("momentum", 0.0) == 0;
+  return std::any_of(keys.begin(), keys.end(), [&](const SpecKey& k) { return k.name == name; });
+}
+
+}  // namespace
+
+bool uses_node_levels(const BoundSpec& spec) {
+  return takes_key(spec, "hierarchy") && spec.spec().get_string("hierarchy", "auto") == "auto" &&
+         !spec.codec()->parameters().majority && spec.spec().get_double("momentum", 0.0) == 0;
+}
+
+bool compresses_reduce_scatter(const BoundSpec& spec) {
+  return takes_key(spec, "reduce_scatter") && spec.spec().get_string("reduce_scatter", "exact") == "compressed";
 }
 
 std::vector<SpecKey> compressed_aggregation_keys() {
@@ -157,6 +168,7 @@ void CompressedState::save(const std::string& key, std::map<std::string, at::Ten
     out[state_name(key, "owner_residual")] = owner_residual.to(at::kCPU).clone();
     out[state_name(key, "owner_offset")] = count_tensor(owner_offset);
   }
+  if (loss_scale != 1.0) out[state_name(key, "loss_scale")] = at::scalar_tensor(loss_scale, at::kDouble);
   out[state_name(key, "calls")] = count_tensor(calls);
   out[state_name(key, "step")] = count_tensor(static_cast<int64_t>(step));
 }
@@ -170,6 +182,12 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
     owner_residual = float_state(value, name);
   } else if (field == "owner_offset") {
     owner_offset = count_of(value, name);
+  } else if (field == "loss_scale") {
+    TORCH_CHECK(value.numel() == 1 && value.is_floating_point(), "gradzip: state entry '", name,
+                "' must hold one floating-point number");
+    loss_scale = value.item<double>();
+    TORCH_CHECK(std::isfinite(loss_scale) && loss_scale > 0, "gradzip: state entry '", name,
+                "' holds a loss scale of ", loss_scale, "; it must be finite and above 0");
   } else if (field == "calls") {
     calls = count_of(value, name);
   } else if (field == "step") {
@@ -269,6 +287,21 @@ void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend
   hierarchy.levels = std::move(levels);
 }
 
+void CompressedAllreduce::set_loss_scale(double scale) {
+  TORCH_CHECK(std::isfinite(scale) && scale > 0, "gradzip: a loss scale must be finite and above 0, got ", scale);
+  std::lock_guard<std::mutex> lock(mutex_);
+  loss_scale_ = scale;
+}
+
+void CompressedAllreduce::follow_loss_scale(CompressedState& state) const {
+  if (state.loss_scale == loss_scale_) return;
+  const double ratio = loss_scale_ / state.loss_scale;
+  for (at::Tensor* t : {&state.residual, &state.owner_residual, &state.velocity}) {
+    if (t->defined()) used_on_current_stream(*t).mul_(ratio);
+  }
+  state.loss_scale = loss_scale_;
+}
+
 const CompressedAllreduce::Hierarchy* CompressedAllreduce::hierarchy_of(const c10d::Backend& transport) const {
   if (!hierarchical_) return nullptr;
   const auto found = hierarchies_.find(&transport);
@@ -284,6 +317,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
+  follow_loss_scale(state);
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
     own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
@@ -307,8 +341,9 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   // views of it (so the next call of the same layout assembles nothing): the worker
   // residuals end to end, and the owner residuals of the pieces' parts of the owned
   // chunk, which tile it.
+  for (const auto& piece : pieces) follow_loss_scale(states_[piece.key]);
   const CompressedState& first = states_[pieces.front().key];
-  CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, first.calls, first.step};
+  CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, loss_scale_, first.calls, first.step};
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
@@ -345,6 +380,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     CompressedState& state = states_[piece.key];
     state.calls = whole.calls;
     state.step = whole.step;
+    state.loss_scale = whole.loss_scale;
     if (keep) {
       state.residual = whole.residual.narrow(0, offset, piece.numel);
       if (whole.velocity.defined()) state.velocity = whole.velocity.narrow(0, offset, piece.numel);
@@ -431,6 +467,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   const int64_t n = input.numel();
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
+  follow_loss_scale(state);
   const ExactPlan exact = reduce_scatter_exact(input, opts.reduceOp.op_, ranks, state);
   if (exact.exact) {
     ++state.calls;

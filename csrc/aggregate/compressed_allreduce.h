@@ -56,6 +56,7 @@ struct CompressedState {
   at::Tensor owner_residual;  // two-phase: the owned chunk's, from element owner_offset
   at::Tensor velocity;        // momentum correction: u, one per element, where the residual lives
   int64_t owner_offset = 0;
+  double loss_scale = 1.0;  // the loss scale the residuals and the velocity are in
   int64_t calls = 0;  // all-reduces so far, exact ones included
   uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
   void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
@@ -80,6 +81,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // ranks sit in several nodes of several ranks (not for vote=majority or momentum
   // correction, whose rules are per rank; they stay flat).
   void use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) override;
+  void set_loss_scale(double scale) override;
 
  private:
   // A transport's node levels and the hierarchical exchanges over them, by how they
@@ -127,6 +129,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // or a bucket of pieces' first piece's.
   void take_step(CompressedState& state, const std::string& key, const std::string& seed_key,
                  c10d::ReduceOp::RedOpType op, const c10d::Backend& transport, ExchangeCall& call) const;
+  // Brings `state`'s residuals and velocity into the current loss scale (mutex_ held).
+  void follow_loss_scale(CompressedState& state) const;
   // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
   at::Device residual_device(const at::Tensor& tensor) const;
   // The rounds asked for a tensor: the spec's, or automatic (0) on the CPU; one round for
@@ -151,6 +155,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
   bool hierarchical_;  // the spec's hierarchy=auto, and rules that allow it
+  double loss_scale_ = 1.0;  // set_loss_scale's
   std::map<const c10d::Backend*, Hierarchy> hierarchies_;
   std::set<std::string> said_exact_;  // reduce-scatter keys already logged as going exact
 };
@@ -164,5 +169,8 @@ void check_compressed_spec(const BoundSpec& spec);
 // when its group's ranks sit in several nodes: a compressed aggregation with
 // hierarchy=auto, without vote=majority or momentum correction (their rules are per rank).
 bool uses_node_levels(const BoundSpec& spec);
+// Whether a spec's aggregation compresses the gradzip backend's reduce_scatter_tensor
+// (reduce_scatter=compressed); exact otherwise, and for aggregations without the key.
+bool compresses_reduce_scatter(const BoundSpec& spec);
 
 }  // namespace gradzip

@@ -27,6 +27,11 @@ void DirectAggregation::reduce_scatter(at::Tensor output, at::Tensor input, cons
   aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)->wait();
 }
 
+void DirectAggregation::set_loss_scale(double scale) {
+  worker_.drain();
+  aggregation_->set_loss_scale(scale);
+}
+
 std::map<std::string, at::Tensor> DirectAggregation::state_dict() {
   worker_.drain();
   return aggregation_->state_dict();

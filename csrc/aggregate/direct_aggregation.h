@@ -21,6 +21,8 @@ class DirectAggregation {
   const Aggregation& aggregation() const { return *aggregation_; }
   Aggregation& aggregation() { return *aggregation_; }
   Stats& stats() { return stats_; }
+  // The aggregation's set_loss_scale() once every submitted call has finished.
+  void set_loss_scale(double scale);
   // The aggregation's state_dict() / load_state_dict() once every submitted call has finished.
   std::map<std::string, at::Tensor> state_dict();
   void load_state_dict(const std::map<std::string, at::Tensor>& state);

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "aggregate/compressed_allreduce.h"
 #include "c10d/call_sequence_identity.h"
 #include "c10d/checked_p2p.h"
 #include "c10d/collective_check.h"
@@ -18,7 +19,7 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
       aggregation_(make_aggregation(spec)),
       options_(c10::make_intrusive<Options>("gradzip", timeout)),
       identity_(std::make_unique<CallSequenceIdentity>()),
-      compress_reduce_scatter_(spec.spec().get_string("reduce_scatter", "exact") == "compressed") {
+      compress_reduce_scatter_(compresses_reduce_scatter(spec)) {
   TORCH_CHECK(cpu_, "gradzip: the backend needs a CPU transport");
   TORCH_CHECK(cpu_->getRank() == rank && cpu_->getSize() == size, "gradzip: the CPU transport is rank ",
               cpu_->getRank(), " of ", cpu_->getSize(), ", the backend rank ", rank, " of ", size);

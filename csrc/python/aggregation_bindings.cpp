@@ -99,6 +99,10 @@ void bind_aggregation(py::module_& m) {
           py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
           "allreduce_pieces on the aggregation's worker thread, after every call submitted before it; returns "
           "a c10d Work at once (CUDA tensors: on a side stream, after the caller's current stream).")
+      .def("set_loss_scale", &DirectAggregation::set_loss_scale, py::arg("scale"),
+           py::call_guard<py::gil_scoped_release>(),
+           "The loss scale the next calls' inputs carry (GradScaler's), once every submitted call has finished: "
+           "residuals are rescaled when it changes.")
       .def("state_dict", &DirectAggregation::state_dict, py::call_guard<py::gil_scoped_release>(),
            "The aggregation's state once every submitted call has finished.")
       .def("load_state_dict", &DirectAggregation::load_state_dict, py::call_guard<py::gil_scoped_release>(),

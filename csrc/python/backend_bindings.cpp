@@ -55,6 +55,15 @@ void bind_backend(py::module_& m) {
             return py::make_tuple(levels.node, levels.lane);
           },
           py::arg("device"), "The (node, lane) transports given for this device's tensors, or None.")
+      .def(
+          "set_loss_scale",
+          [](gradzip::Backend& b, double scale) {
+            b.drain();
+            b.aggregation().set_loss_scale(scale);
+          },
+          py::arg("scale"), py::call_guard<py::gil_scoped_release>(),
+          "The loss scale the next all_reduces' inputs carry (GradScaler's), once every all_reduce issued before "
+          "has finished: residuals are rescaled when it changes.")
       .def("drain", &gradzip::Backend::drain, py::call_guard<py::gil_scoped_release>(),
            "Returns once every all_reduce issued before has finished.")
       .def("state_dict", &gradzip::Backend::state_dict, py::call_guard<py::gil_scoped_release>(),

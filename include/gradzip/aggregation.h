@@ -86,6 +86,12 @@ class Aggregation {
   virtual void forget(const std::vector<std::string>& keys) {}
   virtual void load_state_dict(const std::map<std::string, at::Tensor>& state);
 
+  // The loss scale (torch.amp.GradScaler's) that the inputs of the next calls carry.
+  // Aggregations with error feedback keep each residual in the units of the scale it was
+  // made under and rescale it by new/old when the scale changes, so that a scale that
+  // halves or doubles does not mis-weight what earlier steps left unsent. Others ignore it.
+  virtual void set_loss_scale(double scale) {}
+
   // Tells the aggregation how `transport`'s ranks sit in nodes, so that its calls over
   // that transport may reduce exactly inside a node and compress only across nodes.
   // Aggregations that cannot use it ignore it.

@@ -17,7 +17,7 @@ from ._extension import _C
 from .launch import init_process_group, launch_environment
 from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
-from .stats import reset_stats, stats
+from .stats import reset_stats, set_loss_scale, stats
 from . import codec, diloco, fsdp, hooks, mpi
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
@@ -41,5 +41,5 @@ register()
 __all__ = [
     "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
     "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "mpi", "register",
-    "reset_stats", "stats",
+    "reset_stats", "set_loss_scale", "stats",
 ]

@@ -76,6 +76,12 @@ class Aggregation:
             self._aggregation.allreduce(flat, key, op, transport)
             tensor.copy_(flat)
 
+    def set_loss_scale(self, scale: float) -> None:
+        """The loss scale (torch.amp.GradScaler's get_scale()) that the next calls' inputs
+        carry: error feedback rescales its residuals when it changes, so they keep their
+        weight against the gradients (docs/spec.md, "Loss scaling")."""
+        self._aggregation.set_loss_scale(float(scale))
+
     def stats(self) -> dict:
         return self._aggregation.stats()
 

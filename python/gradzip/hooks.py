@@ -43,9 +43,12 @@ class State:
     model: the DDP model (or the module it wraps). When given, error feedback is kept
         per parameter name instead of per bucket, which survives DDP's bucket rebuild
         and a resume (default None: per bucket index).
+    scaler: the torch.amp.GradScaler that scales the loss (default None: none). Its
+        scale is read at each iteration's first bucket, and error feedback rescales its
+        residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").
     """
 
-    def __init__(self, spec, process_group=None, start_iter: int = 1, model=None):
+    def __init__(self, spec, process_group=None, start_iter: int = 1, model=None, scaler=None):
         bound = bind_spec(spec)
         if bound.decentralized:
             raise ValueError(
@@ -62,6 +65,7 @@ class State:
         self._exact = _C.Aggregation(Spec("allreduce"))
         module = getattr(model, "module", model)
         self._names = None if model is None else {id(p): name for name, p in module.named_parameters()}
+        self.scaler = scaler
 
     def stats(self) -> dict:
         """Bytes moved by this hook since the last reset_stats(), exact iterations included."""
@@ -115,6 +119,8 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
         work = state._exact.submit_pieces(buffer, whole, dist.ReduceOp.AVG, transport)
     else:
         pieces = state._pieces(bucket) if state._names is not None else whole
+        if bucket.index() == 0 and state.scaler is not None:
+            state._aggregation.set_loss_scale(state.scaler.get_scale())
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():
         state.iteration += 1

@@ -30,6 +30,14 @@ def stats(group=None) -> dict:
     return _backend(group).stats()
 
 
+def set_loss_scale(scale: float, group=None) -> None:
+    """The loss scale (torch.amp.GradScaler's get_scale()) that the next all_reduces of
+    `group` (a gradzip group; default: the default group) carry: error feedback rescales
+    its residuals when it changes (docs/spec.md, "Loss scaling"). Waits for the queued
+    all_reduces first; call it after scaler.update()."""
+    _backend(group).set_loss_scale(float(scale))
+
+
 def reset_stats(group=None) -> None:
     """Sets the byte counters of `group` (default: the default group) to zero."""
     _backend(group).reset_stats()

@@ -28,11 +28,13 @@ class State:
     step: how many payloads were encoded; seeds random-k and QSGD draws.
     seed: the seed of those draws (default 0).
     rank: this sender's index, so QSGD senders draw independently (default 0).
-    error_feedback: add the residual before encoding and keep what was not sent
-        (default True).
+    error_feedback: add the residual before encoding and keep what was not sent; None
+        (the default): as every door does, the spec's `ef`, else its codec's default
+        (gradzip.Spec.uses_error_feedback: on for topk, stc and sign, off otherwise).
+        A spec's explicit `ef` overrides it.
     """
 
-    def __init__(self, seed: int = 0, rank: int = 0, error_feedback: bool = True):
+    def __init__(self, seed: int = 0, rank: int = 0, error_feedback: Optional[bool] = None):
         self.residual: Optional[torch.Tensor] = None
         self.step = 0
         self.seed = seed
@@ -72,7 +74,8 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None, out: Optio
     of `out` that the payload was written into, with no bytes object made.
 
     With a State, encodes tensor + state.residual (when error feedback is on: the spec's
-    `ef`, else state.error_feedback), updates the residual and advances state.step.
+    `ef`, else state.error_feedback, else the codec's default), updates the residual and
+    advances state.step.
 
     A tensor holding Inf or NaN (a step mixed precision will skip) gives a header-only
     non-finite payload that decodes to all NaN, and leaves the State as it was."""
@@ -83,7 +86,12 @@ def encode(tensor: torch.Tensor, spec, state: Optional[State] = None, out: Optio
     residual, seed, step, rank = None, 0, 0, 0
     if state is not None:
         seed, step, rank = state.seed, state.step, state.rank
-        error_feedback = state.error_feedback if bound.error_feedback is None else bound.error_feedback
+        if bound.error_feedback is not None:
+            error_feedback = bound.error_feedback
+        elif state.error_feedback is not None:
+            error_feedback = state.error_feedback
+        else:
+            error_feedback = bound.uses_error_feedback
         if error_feedback:
             if state.residual is None:
                 state.residual = torch.zeros(x.numel(), dtype=torch.float32)

@@ -262,6 +262,14 @@ def test_codec_round_trip_and_errors():
     no_feedback = gradzip.codec.State()
     gradzip.codec.encode(x, "stc:density=0.02,ef=0,min_numel=10", no_feedback)
     assert no_feedback.residual is None and no_feedback.step == 1
+    # One ef default at every door: the codec's (on for stc, off for qsgd) unless the
+    # spec or the State says otherwise, the spec first.
+    for spec, state, keeps in [("qsgd:bits=4", gradzip.codec.State(), False),
+                               ("qsgd:bits=4", gradzip.codec.State(error_feedback=True), True),
+                               ("qsgd:bits=4,ef=1", gradzip.codec.State(error_feedback=False), True),
+                               ("stc:density=0.02", gradzip.codec.State(error_feedback=False), False)]:
+        gradzip.codec.encode(x, spec, state)
+        assert (state.residual is not None) == keeps, spec
     bound = gradzip.Spec("stc:ef=0,density=0.02")
     assert str(bound) == "stc:density=0.02,ef=0" and bound.codec == "stc:density=0.02"
     assert gradzip.codec.encode(x, bound) == gradzip.codec.encode(x, "stc:density=0.02")

@@ -36,7 +36,7 @@ def with_key(spec, key):
 @pytest.mark.parametrize("spec", ["topk:density=0.05", "stc:density=0.05", "sign", "qsgd:bits=4"])
 def test_codec_door_sends_a_non_finite_payload_and_keeps_the_state(spec):
     import gradzip
-    skipped, clean = gradzip.codec.State(seed=3), gradzip.codec.State(seed=3)
+    skipped, clean = gradzip.codec.State(seed=3, error_feedback=True), gradzip.codec.State(seed=3, error_feedback=True)
     for step in range(STEPS):
         x = torch.randn(N, generator=torch.Generator().manual_seed(step))
         if step == BAD_STEP:

@@ -27,7 +27,7 @@ def test_transform_is_komms_polar_encoder(m):
 
 def test_codec_round_trip_distortion_and_error_feedback():
     x = torch.randn(8 * 4096, generator=torch.Generator().manual_seed(3))
-    state = codec.State()
+    state = codec.State(error_feedback=True)
     data = codec.encode(x, "polar:rate=0.5", state)
     assert len(data) == 16 + 8 + 8 * 4 + 8 * 2048 // 8
     y = codec.decode(data, like=x)
