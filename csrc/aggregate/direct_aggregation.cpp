@@ -27,6 +27,11 @@ void DirectAggregation::reduce_scatter(at::Tensor output, at::Tensor input, cons
   aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)->wait();
 }
 
+void DirectAggregation::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {
+  worker_.drain();
+  aggregation_->use_node_levels(transport, std::move(levels));
+}
+
 void DirectAggregation::set_loss_scale(double scale) {
   worker_.drain();
   aggregation_->set_loss_scale(scale);

@@ -21,6 +21,8 @@ class DirectAggregation {
   const Aggregation& aggregation() const { return *aggregation_; }
   Aggregation& aggregation() { return *aggregation_; }
   Stats& stats() { return stats_; }
+  // The aggregation's use_node_levels() once every submitted call has finished.
+  void use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels);
   // The aggregation's set_loss_scale() once every submitted call has finished.
   void set_loss_scale(double scale);
   // The aggregation's state_dict() / load_state_dict() once every submitted call has finished.

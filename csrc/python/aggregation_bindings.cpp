@@ -4,6 +4,7 @@
 
 #include "aggregate/direct_aggregation.h"
 #include "aggregate/exchange.h"
+#include "aggregate/node_shared_memory.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;
@@ -99,6 +100,19 @@ void bind_aggregation(py::module_& m) {
           py::arg("tensor"), py::arg("pieces"), py::arg("op"), py::arg("transport"),
           "allreduce_pieces on the aggregation's worker thread, after every call submitted before it; returns "
           "a c10d Work at once (CUDA tensors: on a side stream, after the caller's current stream).")
+      .def(
+          "use_node_levels",
+          [](DirectAggregation& a, const c10::intrusive_ptr<c10d::Backend>& transport,
+             c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
+             std::optional<std::string> shared_memory) {
+            NodeLevels levels{node, std::move(lane), nullptr};
+            if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
+            a.use_node_levels(transport, std::move(levels));
+          },
+          py::arg("transport"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
+          py::call_guard<py::gil_scoped_release>(),
+          "Splits the ranks of `transport` into nodes for the hierarchical exchange (gradzip.node_layout); "
+          "collective over the node when `shared_memory` names a shared-memory object.")
       .def("set_loss_scale", &DirectAggregation::set_loss_scale, py::arg("scale"),
            py::call_guard<py::gil_scoped_release>(),
            "The loss scale the next calls' inputs carry (GradScaler's), once every submitted call has finished: "

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
-from ._transport import transport_of
+from ._transport import transport_of, use_node_levels
 from .options import bind_spec
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -34,6 +34,7 @@ class Aggregation:
         self.group = group
         self._aggregation = _C.Aggregation(self.spec)
         self.decentralized = self.spec.decentralized
+        self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
 
     def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor], dict], op: str = "avg",
                  mode: Optional[str] = None, buffers: bool = False):
@@ -69,6 +70,9 @@ class Aggregation:
 
     def _reduce(self, tensor: torch.Tensor, key: str, op) -> None:
         transport = transport_of(self.group, tensor.device)
+        if not self._node_levels_asked:  # every rank is in its first call: a collective point
+            self._node_levels_asked = True
+            use_node_levels(self._aggregation, self.spec, self.group, transport, tensor.device)
         if tensor.is_contiguous():
             self._aggregation.allreduce(tensor, key, op, transport)
         else:

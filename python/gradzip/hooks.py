@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
-from ._transport import drain, transport_of
+from ._transport import drain, transport_of, use_node_levels
 from .options import Spec, bind_spec
 
 
@@ -66,6 +66,7 @@ class State:
         module = getattr(model, "module", model)
         self._names = None if model is None else {id(p): name for name, p in module.named_parameters()}
         self.scaler = scaler
+        self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first compressed bucket
 
     def stats(self) -> dict:
         """Bytes moved by this hook since the last reset_stats(), exact iterations included."""
@@ -121,6 +122,11 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
         pieces = state._pieces(bucket) if state._names is not None else whole
         if bucket.index() == 0 and state.scaler is not None:
             state._aggregation.set_loss_scale(state.scaler.get_scale())
+        if not state._node_levels_asked:
+            # Every rank is here, at bucket 0 of the first compressed iteration, with the
+            # group's queued calls drained: the groups of the nodes can be made.
+            state._node_levels_asked = True
+            use_node_levels(state._aggregation, state.spec, state.process_group, transport, buffer.device)
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():
         state.iteration += 1

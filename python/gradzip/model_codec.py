@@ -48,7 +48,8 @@ _MODEL_KEYS = {"param_cutoff": "1024", "lossless": "zstd"}
 
 class ModelState:
     """Error feedback across rounds: one gradzip.codec.State per compressed entry, made on
-    first use and kept by the entry's name."""
+    first use and kept by the entry's name. Asking for a ModelState asks for error
+    feedback, whatever the codec's default (a spec's explicit ef=0 still turns it off)."""
 
     def __init__(self, seed: int = 0, rank: int = 0):
         self.seed, self.rank = seed, rank
@@ -56,7 +57,7 @@ class ModelState:
 
     def entry(self, name: str) -> State:
         if name not in self.entries:
-            self.entries[name] = State(seed=self.seed, rank=self.rank)
+            self.entries[name] = State(seed=self.seed, rank=self.rank, error_feedback=True)
         return self.entries[name]
 
     def state_dict(self) -> dict:

@@ -5,6 +5,7 @@ import os
 import secrets
 import socket
 
+import torch
 import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
@@ -16,19 +17,32 @@ def node_layout(store, rank: int, size: int) -> list[list[int]]:
     machine) makes ranks [k·L, (k+1)·L) node k; otherwise every rank publishes its
     node's identity in the group's store (node_identity()) and ranks with the same
     identity share a node."""
-    forced = os.environ.get("GRADZIP_NODE_SIZE")
-    if forced:
-        if not forced.isdigit() or int(forced) < 1 or size % int(forced) != 0:
-            raise ValueError(f"gradzip: GRADZIP_NODE_SIZE={forced!r} must be a whole number of ranks that divides "
-                             f"the group's {size}")
-        per_node = int(forced)
-        return [list(range(k * per_node, (k + 1) * per_node)) for k in range(size // per_node)]
+    forced = forced_layout(size)
+    if forced is not None:
+        return forced
     store.set(f"gradzip/host/{rank}", node_identity())
     keys = [f"gradzip/host/{r}" for r in range(size)]
     hosts = store.multi_get(keys) if hasattr(store, "multi_get") else [store.get(k) for k in keys]
-    nodes: dict[bytes, list[int]] = {}
-    for r, host in enumerate(hosts):
-        nodes.setdefault(bytes(host), []).append(r)
+    return layout_of([bytes(host) for host in hosts])
+
+
+def forced_layout(size: int):
+    """The layout GRADZIP_NODE_SIZE asks for, or None when it is not set."""
+    forced = os.environ.get("GRADZIP_NODE_SIZE")
+    if not forced:
+        return None
+    if not forced.isdigit() or int(forced) < 1 or size % int(forced) != 0:
+        raise ValueError(f"gradzip: GRADZIP_NODE_SIZE={forced!r} must be a whole number of ranks that divides "
+                         f"the group's {size}")
+    per_node = int(forced)
+    return [list(range(k * per_node, (k + 1) * per_node)) for k in range(size // per_node)]
+
+
+def layout_of(identities: list) -> list[list[int]]:
+    """Ranks grouped by their node identities, the nodes in the order of their lowest rank."""
+    nodes: dict = {}
+    for r, identity in enumerate(identities):
+        nodes.setdefault(identity, []).append(r)
     return sorted(nodes.values(), key=lambda ranks: ranks[0])
 
 
@@ -71,3 +85,35 @@ def shared_memory_name(store, layout: list[list[int]], rank: int) -> str:
     if layout[node][0] == rank:
         store.set(key, f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}")
     return bytes(store.get(key)).decode()
+
+
+def group_node_levels(group):
+    """(node, lane, shared-memory name) made of torch.distributed Gloo groups for this
+    rank of `group` (None: the default group), for the doors that run an aggregation of
+    their own (the DDP hook, gradzip.Aggregation); None where the layout has no hierarchy
+    to use. Collective over `group`: node identities are all-gathered, then each rank
+    makes its node's and its lane's groups with the ranks in them alone."""
+    group = group if group is not None else dist.group.WORLD
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    layout = forced_layout(size)
+    if layout is None:
+        identities = [None] * size
+        dist.all_gather_object(identities, node_identity(), group=group)
+        layout = layout_of(identities)
+
+    def make(name, _rank, _size):
+        node = next(k for k, ranks in enumerate(layout) if rank in ranks)
+        local = layout[node].index(rank)
+        members = layout[node] if name.startswith("node") else [ranks[local] for ranks in layout]
+        return dist.new_group([dist.get_global_rank(group, r) for r in members], backend="gloo",
+                              use_local_synchronization=True)
+
+    groups = node_transports(layout, rank, make)
+    if groups is None:
+        return None
+    node_group, lane_group = groups
+    node = next(k for k, ranks in enumerate(layout) if rank in ranks)
+    name = [f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}" if layout[node][0] == rank else None]
+    dist.broadcast_object_list(name, src=dist.get_global_rank(group, layout[node][0]), group=node_group)
+    cpu = torch.device("cpu")
+    return node_group._get_backend(cpu), lane_group._get_backend(cpu), name[0]

@@ -207,3 +207,44 @@ def test_node_layout_groups_ranks_by_host_name(monkeypatch, caplog):
         monkeypatch.setenv("GRADZIP_NODE_SIZE", bad)
         with pytest.raises(ValueError, match="GRADZIP_NODE_SIZE"):
             nl.node_layout(store, 0, 4)
+
+
+def through_own_doors(rank, world, spec):
+    """gradzip.Aggregation and the DDP hook over a Gloo group of 2 nodes × 2 ranks: their
+    results, DDP's parameters, and the hook's bucket residual."""
+    import gradzip
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    aggregation = gradzip.Aggregation(spec)
+    results = [aggregation(inputs(rank, step, 4001)).clone() for step in range(3)]
+    aggregated = aggregation.state_dict()["tensors"]["tensor/residual"]
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Sequential(torch.nn.Linear(30, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5)))
+    state = gradzip.hooks.State(spec)
+    model.register_comm_hook(state, gradzip.hooks.hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+    for _ in range(4):
+        opt.zero_grad()
+        x, y = torch.randn(8, 30, generator=g), torch.randint(0, 5, (8,), generator=g)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    hooked = state.state_dict()["state"]["bucket:0/residual"]
+    params = [p.detach().clone() for p in model.parameters()]
+    dist.destroy_process_group()
+    return results, aggregated, params, hooked
+
+
+def test_the_aggregation_and_the_hook_take_the_hierarchical_exchange():
+    """Their own aggregations get node and lane groups too: every rank the same bits,
+    replicas identical, and residuals kept for the rank's shard only (zero outside it)."""
+    outs = run_ranks(through_own_doors, 4, "stc:density=0.05", env={"GRADZIP_NODE_SIZE": "2"})
+    for step in range(3):
+        assert all(torch.equal(outs[0][0][step], out[0][step]) for out in outs)
+    for out in outs:
+        assert all(torch.equal(a, b) for a, b in zip(outs[0][2], out[2]))
+    for rank, (_, aggregated, _, hooked) in enumerate(outs):
+        for residual in (aggregated, hooked):
+            n, local = residual.numel(), rank % 2
+            outside = torch.cat([residual[:local * n // 2], residual[(local + 1) * n // 2:]])
+            assert torch.count_nonzero(outside) == 0 and torch.count_nonzero(residual) > 0, rank
