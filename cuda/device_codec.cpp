@@ -42,8 +42,18 @@ std::vector<uint8_t> read_row_prefixes(const uint8_t* rows, size_t stride, int c
                                        cudaStream_t stream) {
   std::vector<uint8_t> prefixes(bytes * count, 0);
   if (count == 0 || bytes == 0) return prefixes;
-  check(cudaMemcpy2DAsync(prefixes.data(), bytes, rows, stride, bytes, count, cudaMemcpyDeviceToHost, stream),
-        "reading the payload headers");
+  int device = 0, max_pitch = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device), "cudaDeviceGetAttribute");
+  if (stride <= static_cast<size_t>(max_pitch)) {
+    check(cudaMemcpy2DAsync(prefixes.data(), bytes, rows, stride, bytes, count, cudaMemcpyDeviceToHost, stream),
+          "reading the payload headers");
+  } else {  // slots past the 2-D copy's pitch limit (2 GiB): one copy per row
+    for (int r = 0; r < count; ++r) {
+      check(cudaMemcpyAsync(prefixes.data() + bytes * r, rows + stride * r, bytes, cudaMemcpyDeviceToHost, stream),
+            "reading a payload header");
+    }
+  }
   check(cudaStreamSynchronize(stream), "payload headers");
   return prefixes;
 }
