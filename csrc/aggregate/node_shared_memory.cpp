@@ -26,6 +26,13 @@ NodeSharedMemory::NodeSharedMemory(const std::string& name, c10::intrusive_ptr<c
   TORCH_CHECK(fd_ >= 0, "gradzip: cannot open the node's shared memory ", name_, ": ", std::strerror(error));
 }
 
+NodeLevels make_node_levels(c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
+                            const std::optional<std::string>& shared_memory) {
+  NodeLevels levels{node, std::move(lane), nullptr};
+  if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
+  return levels;
+}
+
 NodeSharedMemory::~NodeSharedMemory() {
   if (base_) munmap(base_, static_cast<size_t>(size_));
   if (fd_ >= 0) close(fd_);

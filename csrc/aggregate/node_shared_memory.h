@@ -12,7 +12,10 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "gradzip/aggregation.h"
 
 namespace gradzip {
 
@@ -37,5 +40,10 @@ class NodeSharedMemory {
   uint8_t* base_ = nullptr;
   int64_t size_ = 0;
 };
+
+// Node levels over `node` and `lane`, with the node's shared memory named
+// `shared_memory` when given (made here: collective over the node).
+NodeLevels make_node_levels(c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
+                            const std::optional<std::string>& shared_memory);
 
 }  // namespace gradzip

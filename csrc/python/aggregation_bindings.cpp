@@ -105,9 +105,7 @@ void bind_aggregation(py::module_& m) {
           [](DirectAggregation& a, const c10::intrusive_ptr<c10d::Backend>& transport,
              c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
              std::optional<std::string> shared_memory) {
-            NodeLevels levels{node, std::move(lane), nullptr};
-            if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
-            a.use_node_levels(transport, std::move(levels));
+            a.use_node_levels(transport, make_node_levels(node, lane, shared_memory));
           },
           py::arg("transport"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
           py::call_guard<py::gil_scoped_release>(),

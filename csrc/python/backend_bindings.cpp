@@ -38,9 +38,7 @@ void bind_backend(py::module_& m) {
           "use_node_levels",
           [](gradzip::Backend& b, const std::string& device, c10::intrusive_ptr<c10d::Backend> node,
              c10::intrusive_ptr<c10d::Backend> lane, std::optional<std::string> shared_memory) {
-            NodeLevels levels{node, std::move(lane), nullptr};
-            if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
-            b.use_node_levels(c10::Device(device).type(), std::move(levels));
+            b.use_node_levels(c10::Device(device).type(), make_node_levels(node, lane, shared_memory));
           },
           py::arg("device"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
           py::call_guard<py::gil_scoped_release>(),

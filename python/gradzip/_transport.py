@@ -1,6 +1,4 @@
 """The transport that carries a process group's tensors for gradzip's own aggregations."""
-import os
-
 import torch
 import torch.distributed as dist
 
@@ -27,14 +25,13 @@ def use_node_levels(aggregation, spec, group, transport, device: torch.device) -
     and lane groups for `transport` when its spec uses them and the group's ranks sit in
     several nodes (CPU tensors; CUDA ones stay flat at these doors). Collective over
     `group`: every rank calls it at the same point."""
-    from .node_layout import group_node_levels
+    from .node_layout import group_node_levels, shared_memory_wanted
     if not spec.uses_node_levels or device.type != "cpu":
         return
     levels = group_node_levels(group)
     if levels is not None:
-        shared = os.environ.get("GRADZIP_NODE_SHARED_MEMORY", "1") != "0"
         node, lane, name = levels
-        aggregation.use_node_levels(transport, node, lane, shared_memory=name if shared else None)
+        aggregation.use_node_levels(transport, node, lane, shared_memory=name if shared_memory_wanted() else None)
 
 
 def transport_of(group, device: torch.device):

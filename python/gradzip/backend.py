@@ -1,5 +1,4 @@
 """The torch.distributed backend "gradzip": its creator and its registration."""
-import os
 from datetime import timedelta
 
 import torch
@@ -7,7 +6,7 @@ import torch.distributed as dist
 
 from . import mpi
 from ._extension import _C
-from .node_layout import gloo_maker, node_layout, node_transports, shared_memory_name
+from .node_layout import gloo_maker, node_layout, node_transports, shared_memory_name, shared_memory_wanted
 from .options import Options
 
 BACKEND_NAME = "gradzip"
@@ -59,10 +58,8 @@ def _create_backend(dist_opts, backend_options):
         layout = node_layout(store, rank, size)
         levels = node_transports(layout, rank, gloo_maker(store, timeout))
         if levels is not None:
-            # GRADZIP_NODE_SHARED_MEMORY=0: the node's CPU stages over Gloo instead (a small /dev/shm).
-            shared = os.environ.get("GRADZIP_NODE_SHARED_MEMORY", "1") != "0"
-            backend.use_node_levels("cpu", *levels,
-                                    shared_memory=shared_memory_name(store, layout, rank) if shared else None)
+            name = shared_memory_name(store, layout, rank) if shared_memory_wanted() else None
+            backend.use_node_levels("cpu", *levels, shared_memory=name)
             if nccl is not None:
                 backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)))
     return backend

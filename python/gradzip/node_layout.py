@@ -77,6 +77,12 @@ def gloo_maker(store, timeout):
         dist.PrefixStore(f"gradzip/gloo/{name}/", store), rank, size, timeout)
 
 
+def shared_memory_wanted() -> bool:
+    """Whether the node's CPU stages use shared memory: GRADZIP_NODE_SHARED_MEMORY=0 keeps
+    them on Gloo (a small /dev/shm)."""
+    return os.environ.get("GRADZIP_NODE_SHARED_MEMORY", "1") != "0"
+
+
 def shared_memory_name(store, layout: list[list[int]], rank: int) -> str:
     """A POSIX shared-memory name for this rank's node, the same on all its ranks:
     the node's first rank makes it and publishes it in the group's store."""
