@@ -67,11 +67,11 @@ def _create_backend(dist_opts, backend_options):
 
 def nccl_maker(store, options):
     """make() for node_transports: NCCL groups (their communicators made at first use)."""
-    def make(name, rank, size):
+    def make(name, members, index):
         own = dist.ProcessGroupNCCL.Options()
         own._timeout = options._timeout
         own.group_name = f"{options.group_name}/{name}"
-        return dist.ProcessGroupNCCL(dist.PrefixStore(f"gradzip/nccl/{name}/", store), rank, size, own)
+        return dist.ProcessGroupNCCL(dist.PrefixStore(f"gradzip/nccl/{name}/", store), index, len(members), own)
     return make
 
 

@@ -57,8 +57,9 @@ def node_identity() -> str:
 def node_transports(layout: list[list[int]], rank: int, make):
     """(node, lane) transports for this rank of a layout of several nodes of several ranks
     each, all of one size, or None for any other layout (the exchange stays flat; nodes
-    of different sizes are logged). make(prefix, rank, size) creates one transport under
-    its own store prefix: every rank of a node or lane calls it with the same prefix."""
+    of different sizes are logged). make(name, members, index) creates the transport of
+    the group ranks `members` (this rank at `index` among them), named `name`: every
+    member calls it with the same name and members."""
     sizes = {len(ranks) for ranks in layout}
     if len(layout) < 2 or max(sizes) < 2:
         return None
@@ -68,13 +69,13 @@ def node_transports(layout: list[list[int]], rank: int, make):
         return None
     node = next(k for k, ranks in enumerate(layout) if rank in ranks)
     local = layout[node].index(rank)
-    return (make(f"node{node}", local, len(layout[node])), make(f"lane{local}", node, len(layout)))
+    return (make(f"node{node}", layout[node], local), make(f"lane{local}", [ranks[local] for ranks in layout], node))
 
 
 def gloo_maker(store, timeout):
     """make() for node_transports: Gloo groups under the group's store."""
-    return lambda name, rank, size: dist.ProcessGroupGloo(
-        dist.PrefixStore(f"gradzip/gloo/{name}/", store), rank, size, timeout)
+    return lambda name, members, index: dist.ProcessGroupGloo(
+        dist.PrefixStore(f"gradzip/gloo/{name}/", store), index, len(members), timeout)
 
 
 def shared_memory_wanted() -> bool:
@@ -107,10 +108,7 @@ def group_node_levels(group):
         dist.all_gather_object(identities, node_identity(), group=group)
         layout = layout_of(identities)
 
-    def make(name, _rank, _size):
-        node = next(k for k, ranks in enumerate(layout) if rank in ranks)
-        local = layout[node].index(rank)
-        members = layout[node] if name.startswith("node") else [ranks[local] for ranks in layout]
+    def make(_name, members, _index):
         return dist.new_group([dist.get_global_rank(group, r) for r in members], backend="gloo",
                               use_local_synchronization=True)
 

@@ -196,8 +196,8 @@ def test_node_layout_groups_ranks_by_host_name(monkeypatch, caplog):
     monkeypatch.setattr(nl, "node_identity", lambda: "a")
     layout = nl.node_layout(store, 3, 4)
     assert layout == [[0, 2], [1, 3]]
-    made = nl.node_transports(layout, 3, lambda name, rank, size: (name, rank, size))
-    assert made == (("node1", 1, 2), ("lane1", 1, 2))
+    made = nl.node_transports(layout, 3, lambda name, members, index: (name, members, index))
+    assert made == (("node1", [1, 3], 1), ("lane1", [2, 3], 1))
     assert nl.node_transports([[0, 1, 2, 3]], 0, lambda *a: a) is None  # one node
     assert nl.node_transports([[0], [1]], 0, lambda *a: a) is None      # one rank per node
     with caplog.at_level(logging.WARNING):
