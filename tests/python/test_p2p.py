@@ -115,11 +115,18 @@ def stopped_peer(rank, world, seconds):
 
 
 def test_a_stopped_peer_gives_an_error_within_the_timeout():
+    """Both ranks raise within the timeout, and the first names it. Both time out at
+    about the same moment: the rank that raises first leaves its task and its group's
+    connections close, so the other may hear the closed connection before its own timer
+    fires (either way it is an error, in time)."""
     seconds = 4
-    for elapsed, error in run_ranks(stopped_peer, 2, seconds, timeout=120):
+    outcomes = run_ranks(stopped_peer, 2, seconds, timeout=120)
+    timed_out = lambda error: "Timed out" in error or "timed out" in error or "timeout" in error
+    for elapsed, error in outcomes:
         assert error is not None, "a send or receive with no peer completed"
         assert elapsed < seconds + 5, elapsed
-        assert "Timed out" in error or "timed out" in error or "timeout" in error, error
+        assert timed_out(error) or "Connection closed by peer" in error, error
+    assert any(timed_out(error) for _, error in outcomes), outcomes
 
 
 def oversized_announcement(rank, world):
