@@ -32,6 +32,10 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short (smoke tests)")
     parser.add_argument("--spec", default=None, help="aggregation spec (default: $GRADZIP_AGGREGATION or allreduce)")
+    parser.add_argument("--door", choices=("backend", "hook"), default="backend",
+                        help="backend: DDP's all-reduces go through the gradzip group's aggregation (flat "
+                             "buckets); hook: gradzip's DDP comm hook with the model, which knows each bucket's "
+                             "parameters (layer-aware compression, docs/spec.md `layers`)")
     args = parser.parse_args()
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
@@ -43,6 +47,10 @@ def main():
     test_x, test_y = load("test")
     torch.manual_seed(args.seed)
     model = DDP(SmallCNN())
+    counters = gradzip  # stats() and reset_stats(): the bytes each rank sent in all-reduces
+    if args.door == "hook":
+        counters = gradzip.hooks.State(spec, model=model)
+        model.register_comm_hook(counters, gradzip.hooks.hook)
     # With momentum correction (a spec's `momentum` key) the aggregation keeps the
     # velocity, so the optimizer must not keep one too.
     momentum = 0.0 if "momentum" in spec.params else 0.9
@@ -54,7 +62,7 @@ def main():
 
     start, accuracy = time.perf_counter(), 0.0
     for epoch in range(1, args.epochs + 1):
-        gradzip.reset_stats()
+        counters.reset_stats()
         epoch_start = time.perf_counter()
         order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
         shard = order[rank::world]
@@ -71,7 +79,7 @@ def main():
             loss_sum += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
         dist.all_reduce(loss_sum)
         accuracy = evaluate(model, test_x, test_y, rank, world)
-        stats = gradzip.stats()
+        stats = counters.stats()
         sent = torch.tensor([stats["bytes_sent"]], dtype=torch.int64)
         everyone = [torch.zeros_like(sent) for _ in range(world)]
         dist.all_gather(everyone, sent)

@@ -143,7 +143,12 @@ std::vector<SpecKey> compressed_aggregation_keys() {
           SpecKey::choice("exchange", "auto", {"auto", "oneshot", "twophase"},
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
-                          "would send more than a ring; never twophase for topk, randomk or stc without ef)"),
+                          "would send more than a ring; never twophase for topk, randomk or stc, whose owners would select again)"),
+          SpecKey::choice("layers", "auto", {"auto", "off"},
+                          "topk, randomk, stc on a tensor made of named parameters (the DDP hook with model=): auto "
+                          "selects within each parameter at the density, and sends parameters under 1024 elements "
+                          "exact (fp32), in one one-shot payload (CPU tensors); off: one selection across the "
+                          "whole bucket"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
                           "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
                           "exactly inside each node and compresses only across the nodes, each local rank one "
@@ -210,7 +215,9 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       warmup_(spec.spec().get_int("warmup", 0)),
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
-      hierarchical_(uses_node_levels(spec)) {
+      hierarchical_(uses_node_levels(spec)),
+      layers_(spec.spec().get_string("layers", "auto") == "auto"),
+      exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
   const CodecRecord& record = codec_record(codec_->id());
@@ -259,7 +266,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     // Across the nodes, the scheme auto would take for a shard among the nodes.
     const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
     const ExchangeScheme across = choose_exchange_for(
-        *plan.codec, error_feedback_, exchange_,
+        *plan.codec, exchange_,
         exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
                       rounds_for(tensor)));
     if (across == ExchangeScheme::kDense) return {};
@@ -267,13 +274,34 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
                                                        : hierarchy->twophase_across.get();
   } else {
-    plan.scheme = choose_exchange_for(*plan.codec, error_feedback_, exchange_,
+    plan.scheme = choose_exchange_for(*plan.codec, exchange_,
                                       exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
     if (plan.scheme == ExchangeScheme::kDense) return {};
     plan.exchange = &exchange_of(plan.scheme);
   }
   plan.owned = plan.exchange->owned(n, ranks, transport.getRank());
   return plan;
+}
+
+CompressedAllreduce::Plan CompressedAllreduce::by_layers(Plan how, const at::Tensor& tensor,
+                                                        const std::vector<TensorPiece>& pieces, int ranks) const {
+  // A selection codec never takes two-phase unless asked (choose_exchange): the plan is
+  // one-shot, flat or across the nodes, unless the spec asks for two-phase.
+  if (!layers_ || !how.codec || !how.codec->selects() || exchange_ == ExchangeRequest::kTwoPhase ||
+      !tensor.is_cpu() || pieces.size() < 2) {
+    return how;
+  }
+  int64_t slots = 0;
+  for (const auto& piece : pieces) {
+    how.pieces.push_back({piece.numel, piece.numel < kSmallPiece ? exact_codec_ : how.codec});
+    slots += slot_bytes(*how.pieces.back().codec, piece.numel);
+  }
+  const bool flat = how.scheme == ExchangeScheme::kOneShot;
+  if (flat && exchange_ == ExchangeRequest::kAuto &&
+      ring_allreduce_bytes(tensor.numel() * tensor.element_size(), ranks) <= (ranks - 1) * slots) {
+    return {};
+  }
+  return how;
 }
 
 void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {
@@ -344,7 +372,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   for (const auto& piece : pieces) follow_loss_scale(states_[piece.key]);
   const CompressedState& first = states_[pieces.front().key];
   CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, loss_scale_, first.calls, first.step};
-  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
+  const Plan how = by_layers(plan(tensors.front(), opts.reduceOp.op_, *transport, whole), tensors.front(), pieces,
+                             transport->getSize());
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
     const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);
@@ -432,7 +461,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   // anything is written): no 4n-byte buffer and no pass to copy it back.
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  const auto codec = tensor_codec(how.codec, device);
+  const auto codec = how.pieces.empty() ? tensor_codec(how.codec, device) : piecewise_codec(how.pieces);
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (unsent.defined()) mask_momentum(state, call, unsent);
   if (majority_) sum.sign_();

@@ -44,6 +44,7 @@
 #include <set>
 
 #include "aggregate/exchange.h"
+#include "aggregate/piecewise_codec.h"
 #include "aggregate/stateful_aggregation.h"
 #include "gradzip/codec.h"
 
@@ -101,12 +102,19 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
     const Exchange* exchange = nullptr;              // the compressed scheme's
     Chunk owned{0, 0};                               // exchange->owned for this rank
     std::shared_ptr<const Codec> codec;  // this call's (density_warmup); null when exact
+    std::vector<CodecPiece> pieces;      // layer-aware: the tensor's pieces, each with its codec; else empty
   };
   // The codec of `state`'s next compressed call: a denser one while its density warm-up
   // lasts, else the spec's.
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
+  // Layer-aware compression (layers=auto) of a tensor made of `pieces`: a selection
+  // codec's plan with each piece compressed by itself (pieces under kSmallPiece
+  // elements exact), when the plan is one-shot (flat, or across the nodes) and the tensor
+  // is on the CPU; dense when that sends no fewer bytes than the ring under auto. Other
+  // plans are returned as they are.
+  Plan by_layers(Plan how, const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, int ranks) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
   // result is all NaN and `state` is left as it was (aggregate/finite_step.h).
@@ -155,6 +163,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
   bool hierarchical_;  // the spec's hierarchy=auto, and rules that allow it
+  bool layers_;        // the spec's layers=auto
+  std::shared_ptr<const Codec> exact_codec_;  // identity: layer-aware's small pieces
   double loss_scale_ = 1.0;  // set_loss_scale's
   std::map<const c10d::Backend*, Hierarchy> hierarchies_;
   std::set<std::string> said_exact_;  // reduce-scatter keys already logged as going exact

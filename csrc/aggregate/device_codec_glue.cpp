@@ -136,6 +136,11 @@ class DeviceTensorCodec final : public TensorCodec {
  public:
   explicit DeviceTensorCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
 
+  int64_t slot_bytes(int64_t n) const override { return gradzip::slot_bytes(*codec_, n); }
+  std::unique_ptr<TensorCodec> part(int64_t, int64_t) const override {
+    return std::make_unique<DeviceTensorCodec>(codec_);
+  }
+
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
     // The payload is written in the slot itself (SlotArena); a length, the zero padding.

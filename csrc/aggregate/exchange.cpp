@@ -73,15 +73,12 @@ const Exchange& exchange_of(ExchangeScheme scheme) {
   return scheme == ExchangeScheme::kTwoPhase ? twophase_exchange() : oneshot_exchange();
 }
 
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool twophase_keeps_mass,
-                               bool pipelining_wins_ties) {
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool selects) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
-  const int64_t twophase = twophase_keeps_mass ? cost.twophase : std::numeric_limits<int64_t>::max();
+  const int64_t twophase = selects ? std::numeric_limits<int64_t>::max() : cost.twophase;
   if (cost.dense <= std::min(cost.oneshot, twophase)) return ExchangeScheme::kDense;
-  if (pipelining_wins_ties && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) {
-    return ExchangeScheme::kTwoPhase;
-  }
+  if (!selects && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) return ExchangeScheme::kTwoPhase;
   return cost.oneshot <= twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
 }
 

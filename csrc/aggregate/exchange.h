@@ -94,24 +94,20 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
                                       int64_t rounds_requested = 0);
 
 // auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
-// sends fewer than the dense ring (ties go to dense, then one-shot), and two-phase only
-// when its owners' second encode loses nothing for good: never for a selection codec
-// (Codec::selects) without error feedback, whose owners would drop what their second
-// selection leaves out (the sum of sparse inputs would no longer be exact). oneshot and
-// twophase are taken as asked. With pipelining_wins_ties (codecs that do not select:
-// their owners' second encode keeps every element), two-phase in several rounds is taken
-// over one-shot when it sends at most 5% more: its rounds overlap the codec with the
-// wire, one-shot's encode, all-gather and decode follow each other (2 ranks, or the 2
-// nodes of a hierarchical exchange, where the two send about as much).
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool twophase_keeps_mass = true,
-                               bool pipelining_wins_ties = false);
-// twophase_keeps_mass for `codec` with or without error feedback.
-inline bool twophase_keeps_mass(const Codec& codec, bool error_feedback) { return !codec.selects() || error_feedback; }
-// choose_exchange with the rules of `codec` (with or without error feedback): the
-// choice every door makes.
-inline ExchangeScheme choose_exchange_for(const Codec& codec, bool error_feedback, ExchangeRequest request,
-                                          const ExchangeCost& cost) {
-  return choose_exchange(request, cost, twophase_keeps_mass(codec, error_feedback), !codec.selects());
+// sends fewer than the dense ring (ties go to dense, then one-shot), and never two-phase
+// for a codec that `selects` (Codec::selects: top-k, random-k, STC): its owners would
+// select again from the summed chunk. Without error feedback what that second selection
+// leaves out is dropped for good (the sum of sparse inputs would no longer be exact);
+// with it, the owner residual sends it steps late, which costs accuracy (3 points on the
+// demo CNN, docs/results.md "Main job"). oneshot and twophase are taken as asked. For
+// codecs that do not select, two-phase in several rounds is taken over one-shot when it
+// sends at most 5% more: its rounds overlap the codec with the wire, one-shot's encode,
+// all-gather and decode follow each other (2 ranks, or the 2 nodes of a hierarchical
+// exchange, where the two send about as much).
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool selects = false);
+// choose_exchange with the rules of `codec`: the choice every door makes.
+inline ExchangeScheme choose_exchange_for(const Codec& codec, ExchangeRequest request, const ExchangeCost& cost) {
+  return choose_exchange(request, cost, codec.selects());
 }
 
 // Chunk j of n elements split over `ranks`: [begin, begin + length), begin = ⌊j·n/ranks⌋.

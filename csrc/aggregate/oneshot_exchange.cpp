@@ -12,10 +12,10 @@ class OneShotExchange final : public Exchange {
  public:
   ExchangeScheme scheme() const override { return ExchangeScheme::kOneShot; }
   Chunk owned(int64_t, int, int) const override { return {0, 0}; }
-  int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+  int64_t allreduce(const TensorCodec& codec, const Codec&, const ExchangeCall& call, at::Tensor sum,
                       const c10::intrusive_ptr<c10d::Backend>& transport) const override {
     const int ranks = transport->getSize();
-    const int64_t stride = slot_bytes(host, call.x.numel());
+    const int64_t stride = codec.slot_bytes(call.x.numel());
     at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
     codec.encode(call.x, call.worker_residual, call.ctx, mine);
     Rounds flights(call);

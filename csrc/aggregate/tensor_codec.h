@@ -16,6 +16,11 @@ namespace gradzip {
 class TensorCodec {
  public:
   virtual ~TensorCodec() = default;
+  // The bytes of a slot that holds any payload of this codec for an n-element tensor.
+  virtual int64_t slot_bytes(int64_t n) const = 0;
+  // The codec of elements [begin, begin + length) of the tensor (a shard of it): the same
+  // codec for codecs that do not depend on the element's position.
+  virtual std::unique_ptr<TensorCodec> part(int64_t begin, int64_t length) const = 0;
   // Encodes x (contiguous float32) into `slot` (uint8, slot_bytes(codec, x.numel()));
   // with a defined `residual` (float32, x.numel(), same device) with error feedback.
   virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,

@@ -50,7 +50,7 @@ void bind_aggregation(py::module_& m) {
         const ExchangeCost cost =
             exchange_cost(*codec, numel, element_size, world_size, rounds_request(spec.spec()));
         const ExchangeScheme choice =
-            choose_exchange_for(*codec, spec.error_feedback(), exchange_request(spec.spec()), cost);
+            choose_exchange_for(*codec, exchange_request(spec.spec()), cost);
         return py::dict(py::arg("choice") = exchange_name(choice),
                         py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
                         py::arg("twophase") = cost.twophase, py::arg("rounds") = cost.rounds);

@@ -61,16 +61,15 @@ TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCodecsThatDoNotSelect) {
   const int64_t n = 25'000'000;
   const ExchangeCost fp16 = exchange_cost(*codec("fp16"), n, 4, 2);
   ASSERT_GT(fp16.rounds, 1);
-  EXPECT_EQ(choose_exchange_for(*codec("fp16"), false, ExchangeRequest::kAuto, fp16), ExchangeScheme::kTwoPhase);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, fp16), ExchangeScheme::kOneShot);  // by bytes alone
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, fp16), ExchangeScheme::kTwoPhase);
   const ExchangeCost qsgd = exchange_cost(*codec("qsgd:bits=4"), 4 * n, 4, 2);
   ASSERT_GT(qsgd.rounds, 1);
-  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), false, ExchangeRequest::kAuto, qsgd), ExchangeScheme::kTwoPhase);
-  EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), true, ExchangeRequest::kAuto,
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, qsgd), ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), ExchangeRequest::kAuto,
                                 exchange_cost(*codec("stc:density=0.01"), n, 4, 2)),
             ExchangeScheme::kOneShot);
   // One round (1M fp16 at 2 ranks): nothing to overlap, the fewest bytes.
-  EXPECT_EQ(choose_exchange_for(*codec("fp16"), false, ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), 1 << 20, 4, 2)),
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), 1 << 20, 4, 2)),
             ExchangeScheme::kOneShot);
 }
 
@@ -86,8 +85,8 @@ TEST(ExchangeTest, AutoPicksTheFewestBytes) {
               ExchangeScheme::kTwoPhase)
         << ranks;
   }
-  // Sparse payloads scale with n too, so two-phase wins from 3 ranks up; at 2 ranks
-  // one-shot (two-phase pays two slots' framing).
+  // Sparse payloads scale with n too, so by bytes alone two-phase wins from 3 ranks up;
+  // at 2 ranks one-shot (two-phase pays two slots' framing).
   EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("stc:density=0.001"), n, 4, 2)),
             ExchangeScheme::kOneShot);
   EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("topk:density=0.01"), n, 4, 2)),
@@ -110,21 +109,24 @@ TEST(ExchangeTest, AutoPicksTheFewestBytes) {
             ExchangeScheme::kTwoPhase);
 }
 
-TEST(ExchangeTest, AutoKeepsSelectionCodecsWithoutErrorFeedbackToOneSelection) {
+TEST(ExchangeTest, AutoKeepsSelectionCodecsToOneSelection) {
   const int64_t n = 1 << 20;
-  // Two-phase's owners would select again from the sum and drop the rest for good.
+  // Two-phase's owners would select again from the sum: never auto's choice for a codec
+  // that selects, at any number of ranks, with or without error feedback.
   for (const char* spec : {"topk:density=0.01", "stc:density=0.01", "randomk:density=0.01"}) {
     const auto selection = codec(spec);
-    EXPECT_FALSE(twophase_keeps_mass(*selection, false)) << spec;
-    EXPECT_TRUE(twophase_keeps_mass(*selection, true)) << spec;
-    for (int ranks : {4, 8, 16}) {
+    ASSERT_TRUE(selection->selects()) << spec;
+    for (int ranks : {2, 4, 8, 16, 64}) {
       const ExchangeCost cost = exchange_cost(*selection, n, 4, ranks);
-      EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, cost, false), ExchangeScheme::kOneShot) << spec << ranks;
-      EXPECT_EQ(choose_exchange(ExchangeRequest::kTwoPhase, cost, false), ExchangeScheme::kTwoPhase) << spec;
+      ASSERT_LT(cost.oneshot, cost.dense) << spec << ranks;
+      EXPECT_EQ(choose_exchange_for(*selection, ExchangeRequest::kAuto, cost), ExchangeScheme::kOneShot)
+          << spec << ranks;
+      EXPECT_EQ(choose_exchange_for(*selection, ExchangeRequest::kTwoPhase, cost), ExchangeScheme::kTwoPhase) << spec;
     }
   }
-  EXPECT_TRUE(twophase_keeps_mass(*codec("qsgd:bits=4"), false));
-  EXPECT_TRUE(twophase_keeps_mass(*codec("sign"), false));
+  for (const char* spec : {"qsgd:bits=4", "sign", "fp16"}) EXPECT_FALSE(codec(spec)->selects()) << spec;
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, exchange_cost(*codec("qsgd:bits=4"), n, 4, 8)),
+            ExchangeScheme::kTwoPhase);
 }
 
 TEST(ExchangeTest, TwoPhaseBytesPerRankStayFlatInRanks) {

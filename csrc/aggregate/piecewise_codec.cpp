@@ -1,0 +1,127 @@
+#include "aggregate/piecewise_codec.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace gradzip {
+namespace {
+
+class PiecewiseTensorCodec final : public TensorCodec {
+ public:
+  explicit PiecewiseTensorCodec(std::vector<CodecPiece> pieces) {
+    TORCH_CHECK(!pieces.empty(), "gradzip: a piecewise codec needs at least one piece");
+    for (auto& piece : pieces) {
+      TORCH_CHECK(piece.numel > 0 && piece.codec, "gradzip: a piece needs elements and a codec");
+      parts_.push_back({numel_, piece.numel, bytes_, gradzip::slot_bytes(*piece.codec, piece.numel),
+                        tensor_codec(piece.codec, at::kCPU), piece.codec});
+      numel_ += piece.numel;
+      bytes_ += parts_.back().slot_bytes;
+    }
+  }
+
+  int64_t slot_bytes(int64_t n) const override {
+    check_numel(n);
+    return bytes_;
+  }
+
+  // Elements [begin, begin + length): the pieces cut to it, each with its codec.
+  std::unique_ptr<TensorCodec> part(int64_t begin, int64_t length) const override {
+    TORCH_CHECK(begin >= 0 && length > 0 && begin + length <= numel_, "gradzip: elements [", begin, ", ",
+                begin + length, ") are not within the ", numel_, " of a piecewise codec");
+    std::vector<CodecPiece> cut;
+    for (const Part& p : parts_) {
+      const int64_t from = std::max(begin, p.offset);
+      const int64_t to = std::min(begin + length, p.offset + p.numel);
+      if (from < to) cut.push_back({to - from, p.codec_of_piece});
+    }
+    return std::make_unique<PiecewiseTensorCodec>(std::move(cut));
+  }
+
+  // Piece i is encoded with a seed of its own, so that pieces draw independent numbers.
+  void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
+              at::Tensor slot) const override {
+    check_numel(x.numel());
+    TORCH_CHECK(slot.numel() == bytes_, "gradzip: a piecewise slot has ", bytes_, " bytes, got ", slot.numel());
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Part& p = parts_[i];
+      EncodeContext piece_ctx = ctx;
+      piece_ctx.seed = seed_for_key(ctx.seed, "piece:" + std::to_string(i));
+      p.codec->encode(x.narrow(0, p.offset, p.numel),
+                      residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), piece_ctx,
+                      slot.narrow(0, p.slot_offset, p.slot_bytes));
+    }
+  }
+
+  void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    check_numel(sum.numel());
+    check_rows(slots, stride, rows);
+    check_declared_sizes(slots, stride, rows);
+    for (const Part& p : parts_) {
+      p.codec->decode_sum(rows_of(slots, p), stride, rows, sum.narrow(0, p.offset, p.numel), scale);
+    }
+  }
+
+  void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
+                   float scale) const override {
+    check_rows(slots, stride, static_cast<int>(targets.size()));
+    check_declared_sizes(slots, stride, static_cast<int>(targets.size()));
+    for (const Part& p : parts_) {
+      std::vector<at::Tensor> pieces;
+      for (const at::Tensor& target : targets) {
+        check_numel(target.numel());
+        pieces.push_back(target.narrow(0, p.offset, p.numel));
+      }
+      p.codec->decode_each(rows_of(slots, p), stride, pieces, scale);
+    }
+  }
+
+ private:
+  struct Part {
+    int64_t offset;       // of its elements in the tensor
+    int64_t numel;
+    int64_t slot_offset;  // of its slot in the tensor's
+    int64_t slot_bytes;
+    std::unique_ptr<TensorCodec> codec;
+    std::shared_ptr<const Codec> codec_of_piece;
+  };
+
+  void check_numel(int64_t n) const {
+    TORCH_CHECK(n == numel_, "gradzip: a piecewise codec of ", numel_, " elements was given ", n,
+                " (two-phase chunks cut across pieces: layer-aware compression takes one-shot exchanges only)");
+  }
+  void check_rows(const at::Tensor& slots, int64_t stride, int rows) const {
+    TORCH_CHECK(stride >= bytes_ && slots.numel() >= rows * stride, "gradzip: ", rows, " piecewise slots of ",
+                bytes_, " bytes do not fit ", slots.numel(), " bytes ", stride, " apart");
+  }
+  // Every piece's slot declares a payload within that slot (the pieces' codecs check
+  // against the stride, which holds the other pieces too). Throws SlotError(row).
+  void check_declared_sizes(const at::Tensor& slots, int64_t stride, int rows) const {
+    const uint8_t* base = slots.data_ptr<uint8_t>();
+    for (int r = 0; r < rows; ++r) {
+      for (const Part& p : parts_) {
+        uint64_t declared;
+        std::memcpy(&declared, base + r * stride + p.slot_offset, sizeof declared);
+        slot_payload_size(declared, p.slot_bytes, r);
+      }
+    }
+  }
+  // The slots of every row from part p's on: part p's slot of row r at r·stride.
+  static at::Tensor rows_of(const at::Tensor& slots, const Part& p) {
+    return slots.narrow(0, p.slot_offset, slots.numel() - p.slot_offset);
+  }
+
+  std::vector<Part> parts_;
+  int64_t numel_ = 0;
+  int64_t bytes_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces) {
+  return std::make_unique<PiecewiseTensorCodec>(std::move(pieces));
+}
+
+}  // namespace gradzip

@@ -1,0 +1,33 @@
+// Piecewise codec: a tensor made of pieces (a DDP bucket of parameters) compressed piece
+// by piece into one slot, for layer-aware compression (the spec's `layers` key). Each
+// piece has a codec of its own — a selection codec then selects within the piece, at its
+// own density, instead of across the whole bucket — and the slot of the tensor is the
+// pieces' slots end to end, each framed as any slot (aggregate/slots.h). Decoding adds
+// every row's slot of a piece into the piece's part of the sum, rows in order, so every
+// rank ends with the same bits. CPU tensors; in one-shot exchanges (and the one-shot
+// exchange across the nodes of a hierarchical one, through part()), not two-phase, whose
+// chunks cut across the pieces.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "aggregate/tensor_codec.h"
+
+namespace gradzip {
+
+// One piece: its elements, and the codec that compresses them.
+struct CodecPiece {
+  int64_t numel;
+  std::shared_ptr<const Codec> codec;
+};
+
+// Pieces under this many elements (biases, norms' scales) go as fp32, exact, when a
+// selection codec compresses a tensor layer by layer: a few hundred elements selected at
+// 1% would be a handful, and exact they cost next to nothing.
+constexpr int64_t kSmallPiece = 1024;
+
+// The piecewise codec of a tensor that is `pieces` end to end (at least one).
+std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces);
+
+}  // namespace gradzip
