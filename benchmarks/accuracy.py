@@ -2,8 +2,8 @@
 with each seed's accuracy, the mean, the mean's distance from the first row's, and the
 bytes each rank sent in the last epoch (fewer than dense fp32 by how many times).
 
-    .venv/bin/python benchmarks/accuracy.py --seeds 0 1 2 \\
-        allreduce "stc:density=0.01" "hook stc:density=0.01"
+    .venv/bin/python benchmarks/accuracy.py allreduce "stc:density=0.01" "hook stc:density=0.01" \\
+        --seeds 0 1 2
 
 A spec prefixed with "hook " runs at the DDP comm hook with the model (layer-aware
 compression); otherwise at the backend. Each run is examples/train_fashion_mnist.py under
@@ -20,12 +20,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 
-def run(spec, door, seed, epochs, ranks, lr):
+def run(spec, door, seed, epochs, ranks, lr, momentum):
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     cmd = [torchrun, "--standalone", f"--nproc-per-node={ranks}", os.path.join(ROOT, "examples/train_fashion_mnist.py"),
            "--epochs", str(epochs), "--seed", str(seed), "--spec", spec, "--door", door]
     if lr is not None:
         cmd += ["--lr", str(lr)]
+    if momentum is not None:
+        cmd += ["--momentum", str(momentum)]
     start = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if out.returncode != 0:
@@ -44,6 +46,7 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--lr", type=float, default=None, help="the demo's learning rate (default: its own)")
+    parser.add_argument("--momentum", type=float, default=None, help="the demo's SGD momentum (default: its own)")
     args = parser.parse_args()
     print(f"| door | spec | {' | '.join(f'seed {s}' for s in args.seeds)} | mean | vs first row | "
           "sent per rank, last epoch | fewer bytes than dense |")
@@ -51,7 +54,7 @@ def main():
     first = None
     for entry in args.specs:
         door, spec = ("hook", entry[5:]) if entry.startswith("hook ") else ("backend", entry)
-        results = [run(spec, door, seed, args.epochs, args.ranks, args.lr) for seed in args.seeds]
+        results = [run(spec, door, seed, args.epochs, args.ranks, args.lr, args.momentum) for seed in args.seeds]
         mean = sum(r[0] for r in results) / len(results)
         first = mean if first is None else first
         print(f"| {door} | `{spec}` | {' | '.join(f'{r[0]:.2f}%' for r in results)} | {mean:.2f}% | "

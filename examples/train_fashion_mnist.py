@@ -29,6 +29,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=None,
+                        help="SGD's momentum (default 0.9; 0 when the spec's `momentum` key moves it into the aggregation)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short (smoke tests)")
     parser.add_argument("--spec", default=None, help="aggregation spec (default: $GRADZIP_AGGREGATION or allreduce)")
@@ -53,7 +55,7 @@ def main():
         model.register_comm_hook(counters, gradzip.hooks.hook)
     # With momentum correction (a spec's `momentum` key) the aggregation keeps the
     # velocity, so the optimizer must not keep one too.
-    momentum = 0.0 if "momentum" in spec.params else 0.9
+    momentum = args.momentum if args.momentum is not None else 0.0 if "momentum" in spec.params else 0.9
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())

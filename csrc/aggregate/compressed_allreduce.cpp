@@ -89,10 +89,11 @@ at::Tensor end_to_end(const std::vector<at::Tensor>& parts) {
   return whole;
 }
 
-// Momentum correction, before the encode: u ← m·u + x becomes what is encoded. Returns
-// what the worker residual will hold where nothing is sent (residual + u), to find
-// where something was (mask_momentum).
-at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key) {
+// Momentum correction, before the encode: u ← m·u + x becomes what is encoded. With
+// `masking` (selection codecs), returns what the worker residual will hold where nothing
+// is sent (residual + u), to find where something was (mask_momentum); else undefined.
+at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key,
+                        bool masking) {
   const int64_t n = call.x.numel();
   if (!state.velocity.defined()) state.velocity = at::zeros({n}, call.x.options());
   TORCH_CHECK(state.velocity.numel() == n, "gradzip: the velocity of the tensor keyed '", key, "' has ",
@@ -100,7 +101,7 @@ at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momen
   if (state.velocity.device() != call.x.device()) state.velocity = state.velocity.to(call.x.device());
   used_on_current_stream(state.velocity).mul_(momentum).add_(call.x);
   call.x = state.velocity;
-  return call.worker_residual + state.velocity;
+  return masking ? call.worker_residual + state.velocity : at::Tensor();
 }
 
 // Factor masking, after the encode: u is zeroed where the residual no longer holds
@@ -144,11 +145,11 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring; never twophase for topk, randomk or stc, whose owners would select again)"),
-          SpecKey::choice("layers", "auto", {"auto", "off"},
-                          "topk, randomk, stc on a tensor made of named parameters (the DDP hook with model=): auto "
-                          "selects within each parameter at the density, and sends parameters under 1024 elements "
-                          "exact (fp32), in one one-shot payload (CPU tensors); off: one selection across the "
-                          "whole bucket"),
+          SpecKey::choice("layers", "off", {"off", "on"},
+                          "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
+                          "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
+                          "sends parameters under 1024 elements exact, in one one-shot payload (CPU tensors); "
+                          "off: the bucket as one tensor"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
                           "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
                           "exactly inside each node and compresses only across the nodes, each local rank one "
@@ -216,7 +217,7 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
       hierarchical_(uses_node_levels(spec)),
-      layers_(spec.spec().get_string("layers", "auto") == "auto"),
+      layers_(spec.spec().get_string("layers", "off") == "on"),
       exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
@@ -254,8 +255,8 @@ at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const 
 }
 
 CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op,
-                                                   const c10d::Backend& transport,
-                                                   const CompressedState& state) const {
+                                                   const c10d::Backend& transport, const CompressedState& state,
+                                                   ExchangeRequest request) const {
   const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
   const int64_t n = tensor.numel();
   if (!compressible(tensor) || !supported_op || n < min_numel_ || state.calls < warmup_) return {};
@@ -266,7 +267,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     // Across the nodes, the scheme auto would take for a shard among the nodes.
     const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
     const ExchangeScheme across = choose_exchange_for(
-        *plan.codec, exchange_,
+        *plan.codec, request,
         exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
                       rounds_for(tensor)));
     if (across == ExchangeScheme::kDense) return {};
@@ -274,7 +275,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
                                                        : hierarchy->twophase_across.get();
   } else {
-    plan.scheme = choose_exchange_for(*plan.codec, exchange_,
+    plan.scheme = choose_exchange_for(*plan.codec, request,
                                       exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
     if (plan.scheme == ExchangeScheme::kDense) return {};
     plan.exchange = &exchange_of(plan.scheme);
@@ -283,14 +284,13 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   return plan;
 }
 
-CompressedAllreduce::Plan CompressedAllreduce::by_layers(Plan how, const at::Tensor& tensor,
-                                                        const std::vector<TensorPiece>& pieces, int ranks) const {
-  // A selection codec never takes two-phase unless asked (choose_exchange): the plan is
-  // one-shot, flat or across the nodes, unless the spec asks for two-phase.
-  if (!layers_ || !how.codec || !how.codec->selects() || exchange_ == ExchangeRequest::kTwoPhase ||
-      !tensor.is_cpu() || pieces.size() < 2) {
-    return how;
-  }
+bool CompressedAllreduce::by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const {
+  return layers_ && exchange_ != ExchangeRequest::kTwoPhase && tensor.is_cpu() && pieces.size() > 1;
+}
+
+CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const at::Tensor& tensor,
+                                                          const std::vector<TensorPiece>& pieces, int ranks) const {
+  if (!how.codec) return how;  // exact
   int64_t slots = 0;
   for (const auto& piece : pieces) {
     how.pieces.push_back({piece.numel, piece.numel < kSmallPiece ? exact_codec_ : how.codec});
@@ -346,7 +346,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
   follow_loss_scale(state);
-  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
+  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state, exchange_);
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
     own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
   }
@@ -372,8 +372,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   for (const auto& piece : pieces) follow_loss_scale(states_[piece.key]);
   const CompressedState& first = states_[pieces.front().key];
   CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, loss_scale_, first.calls, first.step};
-  const Plan how = by_layers(plan(tensors.front(), opts.reduceOp.op_, *transport, whole), tensors.front(), pieces,
-                             transport->getSize());
+  // Layer-aware: one-shot (flat or across the nodes), or dense where that sends fewer bytes.
+  const bool layered = by_layers(tensors.front(), pieces);
+  Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole, layered ? ExchangeRequest::kOneShot : exchange_);
+  if (layered) how = with_pieces(std::move(how), tensors.front(), pieces, transport->getSize());
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
     const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);
@@ -450,7 +452,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
-  const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
+  const at::Tensor unsent =
+      momentum_ > 0 ? add_momentum(state, call, momentum_, key, how.codec->selects()) : at::Tensor();
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA
@@ -521,7 +524,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   take_step(state, key, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
   call.rounds = rounds_for(input);
-  const at::Tensor unsent = momentum_ > 0 ? add_momentum(state, call, momentum_, key) : at::Tensor();
+  const at::Tensor unsent =
+      momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
   lock.unlock();
 
 #ifdef GRADZIP_WITH_CUDA

@@ -31,9 +31,10 @@
 // (aggregate/finite_step.h): mixed precision skips it and goes on. Without, the codec
 // carries the Inf or NaN into the result (majority vote and random-k, which could drop
 // it, agree first like error feedback). Momentum correction (DGC, `momentum` m, with
-// error feedback): the worker encodes its velocity u ← m·u + x instead of x, and sets
-// u to 0 where its encode sent something (factor masking); the caller's optimizer then
-// runs without momentum. State is kept under the caller's key: the
+// error feedback): the worker encodes its velocity u ← m·u + x instead of x, and, for a
+// selection codec, sets u to 0 where its encode sent something (factor masking; sign
+// sends every element and keeps u whole: 1-bit SGD with momentum); the caller's
+// optimizer then runs without momentum. State is kept under the caller's key: the
 // backend derives keys from the call sequence, the DDP hook uses bucket indices or
 // parameter names, the model-level API parameter names. Calls for one key must not run
 // concurrently.
@@ -107,14 +108,16 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // The codec of `state`'s next compressed call: a denser one while its density warm-up
   // lasts, else the spec's.
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
+  // `request`: the spec's exchange, or one-shot for a layer-aware call.
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
-            const CompressedState& state) const;
-  // Layer-aware compression (layers=auto) of a tensor made of `pieces`: a selection
-  // codec's plan with each piece compressed by itself (pieces under kSmallPiece
-  // elements exact), when the plan is one-shot (flat, or across the nodes) and the tensor
-  // is on the CPU; dense when that sends no fewer bytes than the ring under auto. Other
-  // plans are returned as they are.
-  Plan by_layers(Plan how, const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, int ranks) const;
+            const CompressedState& state, ExchangeRequest request) const;
+  // Whether a tensor made of `pieces` is compressed piece by piece (layers=on): on the
+  // CPU, of several pieces, unless the spec asks for two-phase, whose chunks cut across
+  // the pieces. Such a call is one-shot, flat or across the nodes, or dense.
+  bool by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const;
+  // A one-shot plan with each piece compressed by itself (pieces under kSmallPiece
+  // elements exact); dense under auto when that sends no fewer bytes than the ring.
+  Plan with_pieces(Plan how, const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, int ranks) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
   // result is all NaN and `state` is left as it was (aggregate/finite_step.h).
@@ -163,7 +166,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
   bool hierarchical_;  // the spec's hierarchy=auto, and rules that allow it
-  bool layers_;        // the spec's layers=auto
+  bool layers_;        // the spec's layers=on
   std::shared_ptr<const Codec> exact_codec_;  // identity: layer-aware's small pieces
   double loss_scale_ = 1.0;  // set_loss_scale's
   std::map<const c10d::Backend*, Hierarchy> hierarchies_;

@@ -1,5 +1,5 @@
 // Piecewise codec: a tensor made of pieces (a DDP bucket of parameters) compressed piece
-// by piece into one slot, for layer-aware compression (the spec's `layers` key). Each
+// by piece into one slot, for layer-aware compression (the spec's `layers=on`). Each
 // piece has a codec of its own — a selection codec then selects within the piece, at its
 // own density, instead of across the whole bucket — and the slot of the tensor is the
 // pieces' slots end to end, each framed as any slot (aggregate/slots.h). Decoding adds

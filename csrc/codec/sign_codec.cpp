@@ -129,7 +129,10 @@ const CodecRecord& sign_record() {
       {SpecKey::integer("block", "512", 0, 1 << 30,
                         "elements per scale (EF-SignSGD); 0 sends plain signs; default 0 with vote=majority"),
        SpecKey::choice("vote", "mean", {"mean", "majority"},
-                       "mean: the average of the scaled signs; majority: the sign of the summed votes (0 on a tie)")},
+                       "mean: the average of the scaled signs; majority: the sign of the summed votes (0 on a tie)"),
+       SpecKey::number("momentum", "", 0.0, 0.999,
+                       "all-reduces: compress each tensor's momentum u = m·u + x with error feedback instead of x "
+                       "(1-bit SGD with momentum); use an optimizer without momentum (absent: off)")},
       [](const Spec& spec) {
         CodecParameters p;
         p.id = CodecId::kSign;

@@ -11,7 +11,9 @@ computes the gradients of the next buckets; the future completes when the bucket
 result is in place. CUDA buckets too, on a side stream that waits for the stream the
 bucket was computed on; the future makes its waiters' streams wait for the result.
 Error feedback is kept per bucket index, or per parameter name when the State is given
-the model. DDP rebuilds
+the model; with the model and `layers=on`, a selection codec (top-k, random-k, STC)
+selects within each parameter and sends parameters under 1024 elements exact
+(docs/spec.md, "Layer-aware compression"; CPU buckets). DDP rebuilds
 its buckets after the first iteration, so the first `start_iter` iterations go exact and
 compressed state starts after them. The returned future holds the bucket's buffer, as
 PyTorch's own hooks do.
@@ -42,7 +44,8 @@ class State:
         because DDP rebuilds its buckets after the first iteration (default 1).
     model: the DDP model (or the module it wraps). When given, error feedback is kept
         per parameter name instead of per bucket, which survives DDP's bucket rebuild
-        and a resume (default None: per bucket index).
+        and a resume, and lets `layers=on` select per parameter (default None: per
+        bucket index, one selection per bucket).
     scaler: the torch.amp.GradScaler that scales the loss (default None: none). Its
         scale is read at each iteration's first bucket, and error feedback rescales its
         residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").

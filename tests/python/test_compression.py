@@ -236,7 +236,8 @@ def resume(rank, world, spec):
 
 
 # Per-element codecs; block scales (sign:block>0, QSGD buckets) follow DDP's bucket layout.
-@pytest.mark.parametrize("spec", ["topk:density=0.1", "stc:density=0.2", "sign:block=0"])
+@pytest.mark.parametrize("spec", ["topk:density=0.1", "stc:density=0.2", "sign:block=0", "topk:density=0.1,layers=on",
+                                  "stc:density=0.2,layers=on"])
 def test_hook_state_dict_resumes_bit_exactly(spec):
     assert run_ranks(resume, 2, spec) == [True, True]
 

@@ -55,6 +55,36 @@ def test_momentum_correction_matches_the_reference():
         assert torch.equal(state["tensor/residual"], residual[rank])
 
 
+def reference_scaled_sign(world, n, steps, block, momentum):
+    """u ← m·u + x; v ← e + u; send mean|v| · sign(v) per block; e ← v − sent; u kept
+    whole (every element is sent: no masking)."""
+    velocity = [torch.zeros(n) for _ in range(world)]
+    residual = [torch.zeros(n) for _ in range(world)]
+    results = []
+    for step in range(steps):
+        total = torch.zeros(n, dtype=torch.float64)
+        for r in range(world):
+            velocity[r] = velocity[r] * momentum + inputs(r, step, n)
+            accumulated = (residual[r] + velocity[r]).view(-1, block)
+            sent = (accumulated.abs().mean(1, keepdim=True) * accumulated.sign()).view(-1)
+            total += sent.double()
+            residual[r] = accumulated.view(-1) - sent
+        results.append(total)
+    return results, velocity, residual
+
+
+def test_sign_compresses_the_momentum_without_masking():
+    """1-bit SGD with momentum: sign's `momentum` keeps the whole velocity."""
+    world, n, steps = 2, 1024, 4
+    outs = run_ranks(momentum_steps, world, "sign:momentum=0.9,block=64,exchange=oneshot", n, steps)
+    expected, velocity, residual = reference_scaled_sign(world, n, steps, 64, 0.9)
+    for rank, (results, state) in enumerate(outs):
+        for step in range(steps):
+            assert torch.allclose(results[step].double(), expected[step], rtol=1e-5, atol=1e-5), (rank, step)
+        assert torch.equal(state["tensor/velocity"], velocity[rank])
+        assert torch.allclose(state["tensor/residual"], residual[rank], rtol=1e-5, atol=1e-5)
+
+
 def momentum_pieces_and_resume(rank, world, spec):
     """A bucket of pieces gives the bits of the whole tensor (named as its first piece: its
     random draws are seeded from that name), and a resumed aggregation the bits of one
@@ -99,8 +129,10 @@ def test_momentum_needs_error_feedback():
         gradzip.Spec("randomk:density=0.1,momentum=0.9")
     with pytest.raises(gradzip.SpecError, match="momentum must be a number in"):
         gradzip.Spec("stc:momentum=1")
+    with pytest.raises(gradzip.SpecError, match="needs ef=1"):  # majority vote has no error feedback by default
+        gradzip.Spec("sign:vote=majority,momentum=0.9")
     with pytest.raises(gradzip.SpecError, match="unknown key 'momentum'"):
-        gradzip.Spec("sign:momentum=0.9")
+        gradzip.Spec("qsgd:momentum=0.9")
 
 
 def bytes_per_call(rank, world, spec, n, calls):

@@ -1,4 +1,4 @@
-"""Layer-aware compression (the spec's `layers` key) at the DDP hook with model=: a
+"""Layer-aware compression (the spec's `layers=on`) at the DDP hook with model=: a
 selection codec selects within each parameter, small parameters go exact; against a
 reference that selects each rank's gradient the same way, with real ranks."""
 import math
@@ -56,7 +56,7 @@ def hook_step(rank, world, spec, density):
     return got, everyone, residuals
 
 
-@pytest.mark.parametrize("codec", ["topk:density=0.01", "stc:density=0.01"])
+@pytest.mark.parametrize("codec", ["topk:density=0.01,layers=on", "stc:density=0.01,layers=on"])
 def test_the_hook_with_a_model_selects_within_each_parameter(codec):
     world, density = 3, 0.01
     outs = run_ranks(hook_step, world, codec, density)
@@ -80,9 +80,9 @@ def test_the_hook_with_a_model_selects_within_each_parameter(codec):
         assert residuals[f"{name}/residual"].count_nonzero() >= g.numel() - k - 1, name
 
 
-def test_layers_off_selects_across_the_bucket():
+def test_by_default_one_selection_spans_the_bucket():
     world, density = 3, 0.01
-    outs = run_ranks(hook_step, world, "topk:density=0.01,layers=off", density)
+    outs = run_ranks(hook_step, world, "topk:density=0.01", density)
     got, everyone = outs[0][0], outs[0][1]
     names = list(got)
     flat = [torch.cat([ranks[n].view(-1) for n in names]) for ranks in everyone]
@@ -96,7 +96,7 @@ def test_layers_hold_in_the_hierarchical_exchange():
     """4 ranks as 2 nodes of 2: each node's exact sum of a shard is compressed across the
     nodes with the pieces cut to the shard; every rank ends with the same bits."""
     world, density = 4, 0.01
-    outs = run_ranks(hook_step, world, "topk:density=0.01", density, env={"GRADZIP_NODE_SIZE": "2"})
+    outs = run_ranks(hook_step, world, "topk:density=0.01,layers=on", density, env={"GRADZIP_NODE_SIZE": "2"})
     got, everyone = outs[0][0], outs[0][1]
     for other, _, _ in outs[1:]:
         assert all(torch.equal(got[k], other[k]) for k in got), "ranks differ"
