@@ -16,7 +16,7 @@ export CCACHE_NOHASHDIR ?= 1
 
 NPROC ?= 4
 EPOCHS ?= 3
-SPEC ?= stc:density=0.01,momentum=0.9,density_warmup=234,exchange=oneshot
+SPEC ?= stc:density=0.01,momentum=0.9,density_warmup=234
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
 .PHONY: all deps build test test-cpp test-python sanitize fuzz demo bench clean

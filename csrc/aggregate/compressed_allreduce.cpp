@@ -148,8 +148,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
           SpecKey::choice("layers", "off", {"off", "on"},
                           "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
                           "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
-                          "sends parameters under 1024 elements exact, in one one-shot payload (CPU tensors); "
-                          "off: the bucket as one tensor"),
+                          "sends parameters under 1024 elements exact (CPU tensors); off: the bucket as one tensor"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
                           "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
                           "exactly inside each node and compresses only across the nodes, each local rank one "
@@ -255,8 +254,8 @@ at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const 
 }
 
 CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op,
-                                                   const c10d::Backend& transport, const CompressedState& state,
-                                                   ExchangeRequest request) const {
+                                                   const c10d::Backend& transport,
+                                                   const CompressedState& state) const {
   const bool supported_op = op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG;
   const int64_t n = tensor.numel();
   if (!compressible(tensor) || !supported_op || n < min_numel_ || state.calls < warmup_) return {};
@@ -267,7 +266,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     // Across the nodes, the scheme auto would take for a shard among the nodes.
     const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
     const ExchangeScheme across = choose_exchange_for(
-        *plan.codec, request,
+        *plan.codec, exchange_,
         exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
                       rounds_for(tensor)));
     if (across == ExchangeScheme::kDense) return {};
@@ -275,7 +274,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
                                                        : hierarchy->twophase_across.get();
   } else {
-    plan.scheme = choose_exchange_for(*plan.codec, request,
+    plan.scheme = choose_exchange_for(*plan.codec, exchange_,
                                       exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
     if (plan.scheme == ExchangeScheme::kDense) return {};
     plan.exchange = &exchange_of(plan.scheme);
@@ -285,21 +284,13 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
 }
 
 bool CompressedAllreduce::by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const {
-  return layers_ && exchange_ != ExchangeRequest::kTwoPhase && tensor.is_cpu() && pieces.size() > 1;
+  return layers_ && tensor.is_cpu() && pieces.size() > 1;
 }
 
-CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const at::Tensor& tensor,
-                                                          const std::vector<TensorPiece>& pieces, int ranks) const {
+CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const {
   if (!how.codec) return how;  // exact
-  int64_t slots = 0;
   for (const auto& piece : pieces) {
     how.pieces.push_back({piece.numel, piece.numel < kSmallPiece ? exact_codec_ : how.codec});
-    slots += slot_bytes(*how.pieces.back().codec, piece.numel);
-  }
-  const bool flat = how.scheme == ExchangeScheme::kOneShot;
-  if (flat && exchange_ == ExchangeRequest::kAuto &&
-      ring_allreduce_bytes(tensor.numel() * tensor.element_size(), ranks) <= (ranks - 1) * slots) {
-    return {};
   }
   return how;
 }
@@ -346,7 +337,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
   follow_loss_scale(state);
-  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state, exchange_);
+  const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
     own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
   }
@@ -372,10 +363,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   for (const auto& piece : pieces) follow_loss_scale(states_[piece.key]);
   const CompressedState& first = states_[pieces.front().key];
   CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, loss_scale_, first.calls, first.step};
-  // Layer-aware: one-shot (flat or across the nodes), or dense where that sends fewer bytes.
-  const bool layered = by_layers(tensors.front(), pieces);
-  Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole, layered ? ExchangeRequest::kOneShot : exchange_);
-  if (layered) how = with_pieces(std::move(how), tensors.front(), pieces, transport->getSize());
+  Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
+  if (by_layers(tensors.front(), pieces)) how = with_pieces(std::move(how), pieces);
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
     const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);

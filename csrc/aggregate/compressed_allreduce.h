@@ -108,16 +108,14 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // The codec of `state`'s next compressed call: a denser one while its density warm-up
   // lasts, else the spec's.
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
-  // `request`: the spec's exchange, or one-shot for a layer-aware call.
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
-            const CompressedState& state, ExchangeRequest request) const;
+            const CompressedState& state) const;
   // Whether a tensor made of `pieces` is compressed piece by piece (layers=on): on the
-  // CPU, of several pieces, unless the spec asks for two-phase, whose chunks cut across
-  // the pieces. Such a call is one-shot, flat or across the nodes, or dense.
+  // CPU, of several pieces.
   bool by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const;
-  // A one-shot plan with each piece compressed by itself (pieces under kSmallPiece
-  // elements exact); dense under auto when that sends no fewer bytes than the ring.
-  Plan with_pieces(Plan how, const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, int ranks) const;
+  // `how` with each piece compressed by itself (pieces under kSmallPiece elements
+  // exact); the exchange the tensor as a whole would take.
+  Plan with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
   // result is all NaN and `state` is left as it was (aggregate/finite_step.h).

@@ -1,5 +1,7 @@
 #include "aggregate/exchange_rounds.h"
 
+#include <algorithm>
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -78,7 +80,16 @@ PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const Excha
   const int ranks = transport->getSize();
   const int64_t n = call.x.numel();
   const int rounds = exchange_rounds(host, n, ranks, call.rounds);
-  const int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
+  int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
+  if (!codec.uniform()) {  // the largest of the sub-pieces' own codecs' slots
+    stride = 0;
+    for (int s = 0; s < rounds; ++s) {
+      for (int j = 0; j < ranks; ++j) {
+        const Chunk c = round_piece(n, ranks, j, rounds, s);
+        stride = std::max(stride, PartCodec(codec, c)->slot_bytes(c.length));
+      }
+    }
+  }
   const int64_t round_bytes = ranks * stride;
   const at::Tensor send = bytes_on(call.x.device(), rounds * round_bytes, Buffer::kSend);
   const at::Tensor received = bytes_on(call.transport_device, rounds * round_bytes, Buffer::kReceived);
@@ -87,8 +98,8 @@ PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const Excha
       const Chunk c = round_piece(n, ranks, j, rounds, s);
       const at::Tensor residual =
           call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
-      codec.encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j, s),
-                   send.narrow(0, s * round_bytes + j * stride, stride));
+      PartCodec(codec, c)->encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j, s),
+                                  send.narrow(0, s * round_bytes + j * stride, stride));
     }
     flights.start_alltoall(send.narrow(0, s * round_bytes, round_bytes),
                            received.narrow(0, s * round_bytes, round_bytes), transport);

@@ -26,6 +26,21 @@ int64_t largest_piece(int64_t n, int ranks, int rounds);
 // Sub-piece `round` of chunk j, in the elements of the whole vector.
 Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round);
 
+// The codec of elements `c` of the vector: `codec` itself when it is uniform (the same
+// everywhere), else its part (TensorCodec::part). Returns a reference valid while the
+// holder lives.
+class PartCodec {
+ public:
+  PartCodec(const TensorCodec& codec, const Chunk& c)
+      : part_(codec.uniform() ? nullptr : codec.part(c.begin, c.length)), codec_(part_ ? *part_ : codec) {}
+  const TensorCodec& operator*() const { return codec_; }
+  const TensorCodec* operator->() const { return &codec_; }
+
+ private:
+  std::unique_ptr<TensorCodec> part_;
+  const TensorCodec& codec_;
+};
+
 [[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what);
 
 // The exchange's buffers (bytes; the owner's sum viewed as floats), by their role in a
@@ -68,7 +83,7 @@ class Rounds {
 
 // Phase one in exchange_rounds(...) rounds: in round s, sub-piece s of chunk j of this
 // rank's vector (with its part of the worker residual), encoded into a slot of `stride`
-// bytes (every sub-piece's bound), goes to rank j. Started in `flights` as flights
+// bytes (every sub-piece's bound; each sub-piece's own codec, PartCodec), goes to rank j. Started in `flights` as flights
 // 0 .. rounds − 1; each receives, slot r from rank r, the P sub-pieces of this rank's
 // chunk. Returns the rounds and the stride.
 struct PhaseOne {

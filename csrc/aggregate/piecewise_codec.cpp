@@ -22,6 +22,8 @@ class PiecewiseTensorCodec final : public TensorCodec {
     }
   }
 
+  bool uniform() const override { return false; }
+
   int64_t slot_bytes(int64_t n) const override {
     check_numel(n);
     return bytes_;
@@ -44,7 +46,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
     check_numel(x.numel());
-    TORCH_CHECK(slot.numel() == bytes_, "gradzip: a piecewise slot has ", bytes_, " bytes, got ", slot.numel());
+    TORCH_CHECK(slot.numel() >= bytes_, "gradzip: a piecewise slot has ", bytes_, " bytes, got ", slot.numel());
     for (size_t i = 0; i < parts_.size(); ++i) {
       const Part& p = parts_[i];
       EncodeContext piece_ctx = ctx;
@@ -53,6 +55,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
                       residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), piece_ctx,
                       slot.narrow(0, p.slot_offset, p.slot_bytes));
     }
+    slot.narrow(0, bytes_, slot.numel() - bytes_).zero_();  // a chunk's slot may be longer
   }
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
@@ -64,17 +67,21 @@ class PiecewiseTensorCodec final : public TensorCodec {
     }
   }
 
+  // Row r's piece p alone: its slot is given as a row of its own size.
   void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
                    float scale) const override {
     check_rows(slots, stride, static_cast<int>(targets.size()));
     check_declared_sizes(slots, stride, static_cast<int>(targets.size()));
-    for (const Part& p : parts_) {
-      std::vector<at::Tensor> pieces;
-      for (const at::Tensor& target : targets) {
-        check_numel(target.numel());
-        pieces.push_back(target.narrow(0, p.offset, p.numel));
+    for (size_t r = 0; r < targets.size(); ++r) {
+      check_numel(targets[r].numel());
+      for (const Part& p : parts_) {
+        try {
+          p.codec->decode_each(slots.narrow(0, static_cast<int64_t>(r) * stride + p.slot_offset, p.slot_bytes),
+                               p.slot_bytes, {targets[r].narrow(0, p.offset, p.numel)}, scale);
+        } catch (const SlotError& e) {
+          throw SlotError(static_cast<int>(r), e.what());
+        }
       }
-      p.codec->decode_each(rows_of(slots, p), stride, pieces, scale);
     }
   }
 
@@ -90,7 +97,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
 
   void check_numel(int64_t n) const {
     TORCH_CHECK(n == numel_, "gradzip: a piecewise codec of ", numel_, " elements was given ", n,
-                " (two-phase chunks cut across pieces: layer-aware compression takes one-shot exchanges only)");
+                " (an exchange must take the part() of each chunk)");
   }
   void check_rows(const at::Tensor& slots, int64_t stride, int rows) const {
     TORCH_CHECK(stride >= bytes_ && slots.numel() >= rows * stride, "gradzip: ", rows, " piecewise slots of ",

@@ -4,9 +4,8 @@
 // own density, instead of across the whole bucket — and the slot of the tensor is the
 // pieces' slots end to end, each framed as any slot (aggregate/slots.h). Decoding adds
 // every row's slot of a piece into the piece's part of the sum, rows in order, so every
-// rank ends with the same bits. CPU tensors; in one-shot exchanges (and the one-shot
-// exchange across the nodes of a hierarchical one, through part()), not two-phase, whose
-// chunks cut across the pieces.
+// rank ends with the same bits. CPU tensors. Exchanges that cut the tensor (two-phase's
+// chunks, a hierarchical exchange's shards) take part() of each cut: the pieces cut to it.
 #pragma once
 
 #include <memory>

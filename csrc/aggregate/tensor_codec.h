@@ -18,10 +18,14 @@ class TensorCodec {
   virtual ~TensorCodec() = default;
   // The bytes of a slot that holds any payload of this codec for an n-element tensor.
   virtual int64_t slot_bytes(int64_t n) const = 0;
-  // The codec of elements [begin, begin + length) of the tensor (a shard of it): the same
-  // codec for codecs that do not depend on the element's position.
+  // The codec of elements [begin, begin + length) of the tensor (a shard or a chunk of
+  // it): the same codec for codecs that do not depend on the element's position.
   virtual std::unique_ptr<TensorCodec> part(int64_t begin, int64_t length) const = 0;
-  // Encodes x (contiguous float32) into `slot` (uint8, slot_bytes(codec, x.numel()));
+  // Whether part() is this codec wherever the part lies (false for a piecewise codec,
+  // whose parts hold the pieces they cut): exchanges then use this codec for every chunk.
+  virtual bool uniform() const { return true; }
+  // Encodes x (contiguous float32) into `slot` (uint8, at least slot_bytes(x.numel());
+  // what follows the payload is zeroed);
   // with a defined `residual` (float32, x.numel(), same device) with error feedback.
   virtual void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
                       at::Tensor slot) const = 0;

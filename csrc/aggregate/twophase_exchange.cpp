@@ -40,12 +40,13 @@ class TwoPhaseExchange final : public Exchange {
       const at::Tensor pieces = flights.finish(s);
       if (!undecodable && failure.empty()) {
         try {
+          const PartCodec part_codec(codec, round_piece(n, ranks, rank, rounds, s));
           at::Tensor part_sum = owned_sum.narrow(0, part.begin, part.length);
-          codec.decode_sum(pieces, stride, ranks, part_sum);
+          part_codec->decode_sum(pieces, stride, ranks, part_sum);
           if (call.majority) part_sum.sign_();
           const at::Tensor residual =
               call.owner_residual.defined() ? call.owner_residual.narrow(0, part.begin, part.length) : at::Tensor();
-          codec.encode(part_sum, residual, chunk_context(call.ctx, 1, rank, s), slot);
+          part_codec->encode(part_sum, residual, chunk_context(call.ctx, 1, rank, s), slot);
         } catch (const SlotError& e) {
           undecodable = e;
         } catch (const std::exception& e) {
@@ -67,7 +68,18 @@ class TwoPhaseExchange final : public Exchange {
         pieces.push_back(sum.narrow(0, c.begin, c.length));
       }
       try {
-        codec.decode_each(round, stride, pieces, call.scale);
+        if (codec.uniform()) {
+          codec.decode_each(round, stride, pieces, call.scale);
+        } else {  // each owner's sub-piece by its own codec
+          for (int j = 0; j < ranks; ++j) {
+            try {
+              PartCodec(codec, round_piece(n, ranks, j, rounds, s))
+                  ->decode_each(round.narrow(0, j * stride, stride), stride, {pieces[j]}, call.scale);
+            } catch (const SlotError& e) {
+              throw SlotError(j, e.what());
+            }
+          }
+        }
       } catch (const SlotError& e) {
         raise_for_slot(e, call.key, "the reduced chunk");
       }
@@ -92,7 +104,8 @@ int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, c
     const Chunk part = exchange_chunk(shard.numel(), rounds, s);
     const at::Tensor pieces = flights.finish(s);
     try {
-      codec.decode_sum(pieces, stride, ranks, shard.narrow(0, part.begin, part.length), call.scale);
+      PartCodec(codec, round_piece(call.x.numel(), ranks, transport->getRank(), rounds, s))
+          ->decode_sum(pieces, stride, ranks, shard.narrow(0, part.begin, part.length), call.scale);
     } catch (const SlotError& e) {
       raise_for_slot(e, call.key, "the piece");
     }

@@ -53,7 +53,7 @@ def hook_step(rank, world, spec, density):
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     residuals = {k: v for k, v in state.state_dict()["state"].items() if k.endswith("/residual")}
-    return got, everyone, residuals
+    return got, everyone, residuals, state.stats()
 
 
 @pytest.mark.parametrize("codec", ["topk:density=0.01,layers=on", "stc:density=0.01,layers=on"])
@@ -61,7 +61,7 @@ def test_the_hook_with_a_model_selects_within_each_parameter(codec):
     world, density = 3, 0.01
     outs = run_ranks(hook_step, world, codec, density)
     got = outs[0][0]
-    for other, _, _ in outs[1:]:
+    for other, *_ in outs[1:]:
         assert all(torch.equal(got[k], other[k]) for k in got), "ranks differ"
     everyone, residuals = outs[0][1], outs[0][2]
     for name, g in got.items():
@@ -98,7 +98,7 @@ def test_layers_hold_in_the_hierarchical_exchange():
     world, density = 4, 0.01
     outs = run_ranks(hook_step, world, "topk:density=0.01,layers=on", density, env={"GRADZIP_NODE_SIZE": "2"})
     got, everyone = outs[0][0], outs[0][1]
-    for other, _, _ in outs[1:]:
+    for other, *_ in outs[1:]:
         assert all(torch.equal(got[k], other[k]) for k in got), "ranks differ"
     for name, g in got.items():
         if g.numel() < SMALL:
@@ -106,3 +106,29 @@ def test_layers_hold_in_the_hierarchical_exchange():
             assert torch.allclose(g.double(), exact, rtol=1e-5, atol=1e-9), name
         else:  # each node sent its own k of each part of this parameter
             assert 0 < g.count_nonzero() <= 2 * (math.ceil(density * g.numel()) + 1), name
+
+
+@pytest.mark.parametrize("spec", ["sign:layers=on", "qsgd:bits=4,layers=on,seed=3"])
+def test_layers_in_the_two_phase_exchange(spec):
+    """Codecs that do not select keep auto's two-phase: its chunks and each owner's
+    re-encode take the pieces cut to them (sign's blocks within each parameter)."""
+    import gradzip
+    world = 3
+    outs = run_ranks(hook_step, world, spec, 0.0)
+    got, everyone, stats = outs[0][0], outs[0][1], outs[0][3]
+    for other, *_ in outs[1:]:
+        assert all(torch.equal(got[k], other[k]) for k in got), "ranks differ"
+    n = sum(g.numel() for g in got.values())
+    plan = gradzip.exchange_plan(spec, n, world)
+    assert plan["choice"] == "twophase"
+    # Two iterations: the first exact (dense ring), the second two-phase: more than the
+    # flat codec's (a slot per piece and per chunk, the small pieces in fp32), far below
+    # the ring's.
+    compressed = stats["bytes_sent"] - plan["dense"]
+    assert plan["twophase"] <= compressed < plan["dense"] / 4, stats
+    for name, g in got.items():
+        exact = sum(ranks[name].double() for ranks in everyone) / world
+        if g.numel() < SMALL:
+            assert torch.allclose(g.double(), exact, rtol=1e-5, atol=1e-9), name
+        elif spec.startswith("sign"):  # a scale per block within the parameter: closer than 0
+            assert (g.double() - exact).norm() < exact.norm(), name
