@@ -23,9 +23,26 @@ def momentum_steps(rank, world, spec, n, steps):
     return results, agg.state_dict()["tensors"]
 
 
-def reference_top_k(world, n, steps, density, momentum):
-    """u ← m·u + x; v ← v + u; send the k largest |v|; v and u set to 0 where sent."""
-    k = math.ceil(density * n)
+def top_k(density):
+    """DGC's selection: the k largest |v|; u is set to 0 where sent (factor masking)."""
+    def compress(v):
+        chosen = v.abs().topk(math.ceil(density * v.numel())).indices
+        sent = torch.zeros_like(v)
+        sent[chosen] = v[chosen]
+        return sent, chosen
+    return compress
+
+
+def scaled_sign(block):
+    """EF-SignSGD: mean|v| · sign(v) per block; every element sent, u kept whole."""
+    def compress(v):
+        blocks = v.view(-1, block)
+        return (blocks.abs().mean(1, keepdim=True) * blocks.sign()).view(-1), None
+    return compress
+
+
+def reference_momentum(world, n, steps, momentum, compress):
+    """u ← m·u + x; v ← e + u; send compress(v); e ← v − sent; u zeroed where masked."""
     velocity = [torch.zeros(n) for _ in range(world)]
     residual = [torch.zeros(n) for _ in range(world)]
     results = []
@@ -34,55 +51,28 @@ def reference_top_k(world, n, steps, density, momentum):
         for r in range(world):
             velocity[r] = velocity[r] * momentum + inputs(r, step, n)
             accumulated = residual[r] + velocity[r]
-            sent = torch.zeros(n)
-            chosen = accumulated.abs().topk(k).indices
-            sent[chosen] = accumulated[chosen]
+            sent, masked = compress(accumulated)
             total = total + sent
             residual[r] = accumulated - sent
-            velocity[r][chosen] = 0
+            if masked is not None:
+                velocity[r][masked] = 0
         results.append(total)
     return results, velocity, residual
 
 
-def test_momentum_correction_matches_the_reference():
-    world, n, steps = 2, 1000, 4
-    outs = run_ranks(momentum_steps, world, "topk:density=0.05,momentum=0.9,exchange=oneshot", n, steps)
-    expected, velocity, residual = reference_top_k(world, n, steps, 0.05, 0.9)
-    for rank, (results, state) in enumerate(outs):
-        for step in range(steps):
-            assert torch.equal(results[step], expected[step]), (rank, step)
-        assert torch.equal(state["tensor/velocity"], velocity[rank])
-        assert torch.equal(state["tensor/residual"], residual[rank])
-
-
-def reference_scaled_sign(world, n, steps, block, momentum):
-    """u ← m·u + x; v ← e + u; send mean|v| · sign(v) per block; e ← v − sent; u kept
-    whole (every element is sent: no masking)."""
-    velocity = [torch.zeros(n) for _ in range(world)]
-    residual = [torch.zeros(n) for _ in range(world)]
-    results = []
-    for step in range(steps):
-        total = torch.zeros(n, dtype=torch.float64)
-        for r in range(world):
-            velocity[r] = velocity[r] * momentum + inputs(r, step, n)
-            accumulated = (residual[r] + velocity[r]).view(-1, block)
-            sent = (accumulated.abs().mean(1, keepdim=True) * accumulated.sign()).view(-1)
-            total += sent.double()
-            residual[r] = accumulated.view(-1) - sent
-        results.append(total)
-    return results, velocity, residual
-
-
-def test_sign_compresses_the_momentum_without_masking():
-    """1-bit SGD with momentum: sign's `momentum` keeps the whole velocity."""
+@pytest.mark.parametrize("spec, compress, tolerance", [
+    ("topk:density=0.05,momentum=0.9,exchange=oneshot", top_k(0.05), 0.0),  # momentum correction: bit for bit
+    ("sign:momentum=0.9,block=64,exchange=oneshot", scaled_sign(64), 1e-5),  # 1-bit SGD with momentum
+])
+def test_momentum_matches_the_reference(spec, compress, tolerance):
     world, n, steps = 2, 1024, 4
-    outs = run_ranks(momentum_steps, world, "sign:momentum=0.9,block=64,exchange=oneshot", n, steps)
-    expected, velocity, residual = reference_scaled_sign(world, n, steps, 64, 0.9)
+    outs = run_ranks(momentum_steps, world, spec, n, steps)
+    expected, velocity, residual = reference_momentum(world, n, steps, 0.9, compress)
     for rank, (results, state) in enumerate(outs):
         for step in range(steps):
-            assert torch.allclose(results[step].double(), expected[step], rtol=1e-5, atol=1e-5), (rank, step)
+            assert torch.allclose(results[step], expected[step], rtol=tolerance, atol=tolerance), (rank, step)
         assert torch.equal(state["tensor/velocity"], velocity[rank])
-        assert torch.allclose(state["tensor/residual"], residual[rank], rtol=1e-5, atol=1e-5)
+        assert torch.allclose(state["tensor/residual"], residual[rank], rtol=tolerance, atol=tolerance)
 
 
 def momentum_pieces_and_resume(rank, world, spec):
