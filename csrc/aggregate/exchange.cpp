@@ -73,12 +73,14 @@ const Exchange& exchange_of(ExchangeScheme scheme) {
   return scheme == ExchangeScheme::kTwoPhase ? twophase_exchange() : oneshot_exchange();
 }
 
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool selects) {
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool reencodes_losslessly) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
-  const int64_t twophase = selects ? std::numeric_limits<int64_t>::max() : cost.twophase;
+  const int64_t twophase = reencodes_losslessly ? cost.twophase : std::numeric_limits<int64_t>::max();
   if (cost.dense <= std::min(cost.oneshot, twophase)) return ExchangeScheme::kDense;
-  if (!selects && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) return ExchangeScheme::kTwoPhase;
+  if (reencodes_losslessly && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) {
+    return ExchangeScheme::kTwoPhase;
+  }
   return cost.oneshot <= twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
 }
 

@@ -94,20 +94,21 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
                                       int64_t rounds_requested = 0);
 
 // auto: the scheme that sends the fewest bytes, dense when neither compressed scheme
-// sends fewer than the dense ring (ties go to dense, then one-shot), and never two-phase
-// for a codec that `selects` (Codec::selects: top-k, random-k, STC): its owners would
-// select again from the summed chunk. Without error feedback what that second selection
-// leaves out is dropped for good (the sum of sparse inputs would no longer be exact);
-// with it, the owner residual sends it steps late, which costs accuracy (3 points on the
-// demo CNN, docs/results.md "Main job"). oneshot and twophase are taken as asked. For
-// codecs that do not select, two-phase in several rounds is taken over one-shot when it
-// sends at most 5% more: its rounds overlap the codec with the wire, one-shot's encode,
-// all-gather and decode follow each other (2 ranks, or the 2 nodes of a hierarchical
-// exchange, where the two send about as much).
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool selects = false);
+// sends fewer than the dense ring (ties go to dense, then one-shot), and two-phase only
+// when its owners' second encode of the summed chunk loses next to nothing
+// (`reencodes_losslessly`: Codec::reencodes_losslessly, the casts). For any other codec
+// that second compression costs accuracy: on the demo CNN (docs/results.md "Main job",
+// 3 seeds) one-shot ends 1.1 points higher for QSGD 4-bit, 2.9 for sign and 3 for STC,
+// and a selection codec without error feedback would drop for good what the owners'
+// second selection leaves out (the sum of sparse inputs would no longer be exact).
+// oneshot and twophase are taken as asked. Where two-phase is allowed, in several
+// rounds it is taken over one-shot when it sends at most 5% more: its rounds overlap the
+// codec with the wire, one-shot's encode, all-gather and decode follow each other (2
+// ranks, or the 2 nodes of a hierarchical exchange, where the two send about as much).
+ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool reencodes_losslessly = true);
 // choose_exchange with the rules of `codec`: the choice every door makes.
 inline ExchangeScheme choose_exchange_for(const Codec& codec, ExchangeRequest request, const ExchangeCost& cost) {
-  return choose_exchange(request, cost, codec.selects());
+  return choose_exchange(request, cost, codec.reencodes_losslessly());
 }
 
 // Chunk j of n elements split over `ranks`: [begin, begin + length), begin = ⌊j·n/ranks⌋.

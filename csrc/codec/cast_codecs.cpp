@@ -17,6 +17,7 @@ class CastCodec : public ValueCodec {
  public:
   using ValueCodec::ValueCodec;
   bool biased() const final { return false; }
+  bool reencodes_losslessly() const final { return true; }
   size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
                      size_t capacity) const final {
     return encode_in_place(x, n, residual, out, [&](const float* u) {

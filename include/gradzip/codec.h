@@ -74,6 +74,10 @@ class Codec {
   // True when a payload keeps a subset of the elements (top-k, random-k, STC): a sum
   // selected again (two-phase's owners) drops what the second selection leaves out.
   virtual bool selects() const { return false; }
+  // True when encoding a sum of decoded payloads again loses next to nothing (the casts:
+  // identity, fp16, bf16). Two-phase's owners re-encode each chunk's sum: for any other
+  // codec that is a second compression error on top of the first.
+  virtual bool reencodes_losslessly() const { return false; }
 
   // Appends the payload of x[0..n) to `out`. With a non-null `residual` (n floats),
   // compresses x + residual and leaves in `residual` what was not sent. The error-bounded

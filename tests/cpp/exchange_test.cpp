@@ -54,17 +54,17 @@ TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
   EXPECT_EQ(reduce_scatter_cost(*fp16, 1000, 4, 4, 3).compressed, 3 * 3 * slot_bytes(*fp16, 84));
 }
 
-TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCodecsThatDoNotSelect) {
+TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCasts) {
   // At 2 ranks two-phase sends one-shot's bytes plus framing; from several rounds on its
-  // rounds overlap the codec with the wire, so auto takes it for codecs that keep every
-  // element, and not for those whose owners would select again.
+  // rounds overlap the codec with the wire, so auto takes it for the casts, whose
+  // owners' second encode loses next to nothing, and for no other codec.
   const int64_t n = 25'000'000;
   const ExchangeCost fp16 = exchange_cost(*codec("fp16"), n, 4, 2);
   ASSERT_GT(fp16.rounds, 1);
   EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, fp16), ExchangeScheme::kTwoPhase);
   const ExchangeCost qsgd = exchange_cost(*codec("qsgd:bits=4"), 4 * n, 4, 2);
   ASSERT_GT(qsgd.rounds, 1);
-  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, qsgd), ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, qsgd), ExchangeScheme::kOneShot);
   EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), ExchangeRequest::kAuto,
                                 exchange_cost(*codec("stc:density=0.01"), n, 4, 2)),
             ExchangeScheme::kOneShot);
@@ -109,23 +109,24 @@ TEST(ExchangeTest, AutoPicksTheFewestBytes) {
             ExchangeScheme::kTwoPhase);
 }
 
-TEST(ExchangeTest, AutoKeepsSelectionCodecsToOneSelection) {
+TEST(ExchangeTest, AutoCompressesLossyCodecsOnce) {
   const int64_t n = 1 << 20;
-  // Two-phase's owners would select again from the sum: never auto's choice for a codec
-  // that selects, at any number of ranks, with or without error feedback.
-  for (const char* spec : {"topk:density=0.01", "stc:density=0.01", "randomk:density=0.01"}) {
-    const auto selection = codec(spec);
-    ASSERT_TRUE(selection->selects()) << spec;
+  // Two-phase's owners would compress the summed chunk again: never auto's choice for a
+  // lossy codec, at any number of ranks, with or without error feedback; a selection
+  // codec would select again (the codec is the same with or without error feedback).
+  for (const char* spec : {"topk:density=0.01", "stc:density=0.01", "randomk:density=0.01",
+                           "sign", "qsgd:bits=4", "uniform:threshold=0", "polar:rate=0.5"}) {
+    const auto lossy = codec(spec);
+    ASSERT_FALSE(lossy->reencodes_losslessly()) << spec;
     for (int ranks : {2, 4, 8, 16, 64}) {
-      const ExchangeCost cost = exchange_cost(*selection, n, 4, ranks);
-      ASSERT_LT(cost.oneshot, cost.dense) << spec << ranks;
-      EXPECT_EQ(choose_exchange_for(*selection, ExchangeRequest::kAuto, cost), ExchangeScheme::kOneShot)
-          << spec << ranks;
-      EXPECT_EQ(choose_exchange_for(*selection, ExchangeRequest::kTwoPhase, cost), ExchangeScheme::kTwoPhase) << spec;
+      const ExchangeCost cost = exchange_cost(*lossy, n, 4, ranks);
+      if (cost.oneshot >= cost.dense) continue;  // dense: the same for both schemes
+      EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kAuto, cost), ExchangeScheme::kOneShot) << spec << ranks;
+      EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kTwoPhase, cost), ExchangeScheme::kTwoPhase) << spec;
     }
   }
-  for (const char* spec : {"qsgd:bits=4", "sign", "fp16"}) EXPECT_FALSE(codec(spec)->selects()) << spec;
-  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, exchange_cost(*codec("qsgd:bits=4"), n, 4, 8)),
+  for (const char* spec : {"identity", "fp16", "bf16"}) EXPECT_TRUE(codec(spec)->reencodes_losslessly()) << spec;
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 4, 8)),
             ExchangeScheme::kTwoPhase);
 }
 

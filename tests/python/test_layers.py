@@ -108,10 +108,10 @@ def test_layers_hold_in_the_hierarchical_exchange():
             assert 0 < g.count_nonzero() <= 2 * (math.ceil(density * g.numel()) + 1), name
 
 
-@pytest.mark.parametrize("spec", ["sign:layers=on", "qsgd:bits=4,layers=on,seed=3"])
+@pytest.mark.parametrize("spec", ["sign:layers=on,exchange=twophase", "qsgd:bits=4,layers=on,seed=3,exchange=twophase"])
 def test_layers_in_the_two_phase_exchange(spec):
-    """Codecs that do not select keep auto's two-phase: its chunks and each owner's
-    re-encode take the pieces cut to them (sign's blocks within each parameter)."""
+    """Two-phase's chunks and each owner's re-encode take the pieces cut to them (sign's
+    blocks within each parameter)."""
     import gradzip
     world = 3
     outs = run_ranks(hook_step, world, spec, 0.0)
