@@ -144,7 +144,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
           SpecKey::choice("exchange", "auto", {"auto", "oneshot", "twophase"},
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
-                          "would send more than a ring; never twophase for topk, randomk or stc, whose owners would select again)"),
+                          "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
           SpecKey::choice("layers", "off", {"off", "on"},
                           "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
                           "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "

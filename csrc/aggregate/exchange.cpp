@@ -76,6 +76,9 @@ const Exchange& exchange_of(ExchangeScheme scheme) {
 ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool reencodes_losslessly) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
+  if (!reencodes_losslessly && cost.oneshot >= cost.dense) {  // many ranks: two compressions, or none
+    return cost.twophase < cost.dense ? ExchangeScheme::kTwoPhase : ExchangeScheme::kDense;
+  }
   const int64_t twophase = reencodes_losslessly ? cost.twophase : std::numeric_limits<int64_t>::max();
   if (cost.dense <= std::min(cost.oneshot, twophase)) return ExchangeScheme::kDense;
   if (reencodes_losslessly && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) {

@@ -101,7 +101,9 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
 // 3 seeds) one-shot ends 1.1 points higher for QSGD 4-bit, 2.9 for sign and 3 for STC,
 // and a selection codec without error feedback would drop for good what the owners'
 // second selection leaves out (the sum of sparse inputs would no longer be exact).
-// oneshot and twophase are taken as asked. Where two-phase is allowed, in several
+// Where one-shot sends no fewer bytes than the ring (many ranks) but two-phase does, a
+// lossy codec takes two-phase: compressed twice rather than not at all. oneshot and
+// twophase are taken as asked. Where two-phase is allowed, in several
 // rounds it is taken over one-shot when it sends at most 5% more: its rounds overlap the
 // codec with the wire, one-shot's encode, all-gather and decode follow each other (2
 // ranks, or the 2 nodes of a hierarchical exchange, where the two send about as much).

@@ -120,7 +120,12 @@ TEST(ExchangeTest, AutoCompressesLossyCodecsOnce) {
     ASSERT_FALSE(lossy->reencodes_losslessly()) << spec;
     for (int ranks : {2, 4, 8, 16, 64}) {
       const ExchangeCost cost = exchange_cost(*lossy, n, 4, ranks);
-      if (cost.oneshot >= cost.dense) continue;  // dense: the same for both schemes
+      if (cost.oneshot >= cost.dense) {  // many ranks: two compressions rather than none
+        EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kAuto, cost),
+                  cost.twophase < cost.dense ? ExchangeScheme::kTwoPhase : ExchangeScheme::kDense)
+            << spec << ranks;
+        continue;
+      }
       EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kAuto, cost), ExchangeScheme::kOneShot) << spec << ranks;
       EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kTwoPhase, cost), ExchangeScheme::kTwoPhase) << spec;
     }
@@ -128,6 +133,10 @@ TEST(ExchangeTest, AutoCompressesLossyCodecsOnce) {
   for (const char* spec : {"identity", "fp16", "bf16"}) EXPECT_TRUE(codec(spec)->reencodes_losslessly()) << spec;
   EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 4, 8)),
             ExchangeScheme::kTwoPhase);
+  // QSGD 4-bit at 64 ranks: one-shot would send more than the ring, two-phase less.
+  const ExchangeCost many = exchange_cost(*codec("qsgd:bits=4"), n, 4, 64);
+  ASSERT_GE(many.oneshot, many.dense);
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, many), ExchangeScheme::kTwoPhase);
 }
 
 TEST(ExchangeTest, TwoPhaseBytesPerRankStayFlatInRanks) {
