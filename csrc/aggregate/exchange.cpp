@@ -3,7 +3,6 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <limits>
 
 #include "aggregate/exchange_rounds.h"
 #include "gradzip/stats.h"
@@ -76,15 +75,13 @@ const Exchange& exchange_of(ExchangeScheme scheme) {
 ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool reencodes_losslessly) {
   if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
   if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
-  if (!reencodes_losslessly && cost.oneshot >= cost.dense) {  // many ranks: two compressions, or none
+  if (!reencodes_losslessly) {  // one compression where it saves bytes, else two rather than none
+    if (cost.oneshot < cost.dense) return ExchangeScheme::kOneShot;
     return cost.twophase < cost.dense ? ExchangeScheme::kTwoPhase : ExchangeScheme::kDense;
   }
-  const int64_t twophase = reencodes_losslessly ? cost.twophase : std::numeric_limits<int64_t>::max();
-  if (cost.dense <= std::min(cost.oneshot, twophase)) return ExchangeScheme::kDense;
-  if (reencodes_losslessly && cost.rounds > 1 && twophase <= cost.oneshot + cost.oneshot / 20) {
-    return ExchangeScheme::kTwoPhase;
-  }
-  return cost.oneshot <= twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
+  if (cost.dense <= std::min(cost.oneshot, cost.twophase)) return ExchangeScheme::kDense;
+  if (cost.rounds > 1 && cost.twophase <= cost.oneshot + cost.oneshot / 20) return ExchangeScheme::kTwoPhase;
+  return cost.oneshot <= cost.twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
 }
 
 }  // namespace gradzip

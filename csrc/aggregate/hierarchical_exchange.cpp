@@ -41,7 +41,7 @@ class HierarchicalExchange final : public Exchange {
     inner.x = shard_x;
     if (call.worker_residual.defined()) inner.worker_residual = call.worker_residual.narrow(0, shard.begin, shard.length);
     try {
-      return {across_.allreduce(*codec.part(shard.begin, shard.length), host, inner, shard_sum, levels_.lane), ""};
+      return {across_.allreduce(*PartCodec(codec, shard), host, inner, shard_sum, levels_.lane), ""};
     } catch (const std::exception& e) {
       return {0, e.what()};
     }
