@@ -18,7 +18,8 @@ from .launch import init_process_group, launch_environment
 from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, set_loss_scale, stats
-from . import codec, diloco, fsdp, hooks, mpi
+from .group_state import load_state_dict, state_dict
+from . import checkpoint, codec, diloco, fsdp, hooks, mpi
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
 from .codec import PayloadError
@@ -39,7 +40,8 @@ def cuda_architectures() -> list:
 register()
 
 __all__ = [
-    "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "codec",
-    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "mpi", "register",
-    "reset_stats", "set_loss_scale", "stats",
+    "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "checkpoint",
+    "codec",
+    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "load_state_dict", "mpi",
+    "register", "reset_stats", "set_loss_scale", "state_dict", "stats",
 ]

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
+from .checkpoint import aggregation_state, stamped
 from ._transport import transport_of, use_node_levels
 from .options import bind_spec
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
@@ -94,9 +95,11 @@ class Aggregation:
 
     def state_dict(self) -> dict:
         """The spec's text and the state as named tensors ("<key>/<field>")."""
-        return {"spec": str(self.spec), "tensors": self._aggregation.state_dict()}
+        return stamped({"spec": str(self.spec), "tensors": self._aggregation.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
+        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
+        state = aggregation_state(state)
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {str(self.spec)!r}")
         self._aggregation.load_state_dict(state["tensors"])

@@ -23,6 +23,7 @@ import warnings
 import torch
 
 from .aggregation import Aggregation
+from .checkpoint import format_1_state, stamped
 
 
 class DiLoCo:
@@ -90,11 +91,15 @@ class DiLoCo:
         return {k: a[k] + b[k] for k in a}
 
     def state_dict(self) -> dict:
-        return {"spec": str(self.aggregation.spec), "local_steps": self.local_steps, "steps": self.steps,
-                "start": {name: t.clone() for (name, _), t in zip(self._params, self._start)},
-                "outer_optimizer": self.outer_optimizer.state_dict(), "aggregation": self.aggregation.state_dict()}
+        return stamped({"spec": str(self.aggregation.spec), "local_steps": self.local_steps, "steps": self.steps,
+                        "start": {name: t.clone() for (name, _), t in zip(self._params, self._start)},
+                        "outer_optimizer": self.outer_optimizer.state_dict(),
+                        "aggregation": self.aggregation.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
+        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
+        state = format_1_state(state, "gradzip.diloco",
+                               ("spec", "local_steps", "steps", "start", "outer_optimizer", "aggregation"))
         if state["spec"] != str(self.aggregation.spec):
             raise ValueError(f"gradzip.diloco: the saved state is for {state['spec']!r}, this DiLoCo runs "
                              f"{str(self.aggregation.spec)!r}")

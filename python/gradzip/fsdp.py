@@ -23,6 +23,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ._extension import _C
+from .checkpoint import format_1_state, stamped
 from ._transport import transport_of
 from .options import Spec, bind_spec
 
@@ -52,9 +53,11 @@ class State:
 
     def state_dict(self) -> dict:
         """The spec's text and the error feedback as named tensors ("<module>/<field>")."""
-        return {"spec": str(self.spec), "state": self._aggregation.state_dict()}
+        return stamped({"spec": str(self.spec), "state": self._aggregation.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
+        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
+        state = format_1_state(state, "gradzip.fsdp", ("spec", "state"))
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.fsdp: the saved state is for {state['spec']!r}, this State runs "
                              f"{str(self.spec)!r}")

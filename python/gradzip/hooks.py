@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
+from .checkpoint import hook_state, stamped
 from .options import Spec, bind_spec
 
 
@@ -84,10 +85,12 @@ class State:
         """Everything a resumed job needs to continue bit-exactly (no process group):
         the spec's text, the iteration counters, and the aggregation's state as named
         tensors ("<key>/<field>", keyed by bucket index or by parameter name)."""
-        return {"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
-                "state": self._aggregation.state_dict()}
+        return stamped({"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
+                        "state": self._aggregation.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:
+        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
+        state = hook_state(state)
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs "
                              f"{str(self.spec)!r}")

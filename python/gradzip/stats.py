@@ -15,13 +15,14 @@ import torch.distributed as dist
 from ._extension import _C
 
 
-def _backend(group):
+def _backend(group, door: str = "gradzip.stats"):
+    """The gradzip backend of `group` (default: the default group); errors name `door`."""
     if not dist.is_initialized():
-        raise RuntimeError("gradzip.stats: torch.distributed is not initialized")
+        raise RuntimeError(f"{door}: torch.distributed is not initialized")
     group = group if group is not None else dist.group.WORLD
     backend = group._get_backend(torch.device("cpu"))
     if not isinstance(backend, _C.Backend):
-        raise ValueError(f"gradzip.stats: the group's backend is {dist.get_backend(group)!r}, not 'gradzip'")
+        raise ValueError(f"{door}: the group's backend is {dist.get_backend(group)!r}, not 'gradzip'")
     return backend
 
 

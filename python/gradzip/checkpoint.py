@@ -1,0 +1,115 @@
+"""Checkpoint formats: what every door's state_dict() writes and load_state_dict() reads.
+
+Every state_dict() carries "format": FORMAT. load_state_dict() reads every format a
+gradzip build has written, migrating older ones as it loads them, and refuses a newer
+one with an error that names both formats (CheckpointError, a ValueError).
+
+  0  builds before 2026-11-23, no "format" field. The hook and gradzip.Aggregation kept
+     each key's state as a dict {"residual", "calls", "step", "public_copies"}; the hook
+     with model= kept its per-parameter residuals beside it ("parameters") and one
+     shared call counter ("bucket"). Migrated: every residual, counter and public copy is
+     carried over; the hook with model= gives each parameter the compressed iterations
+     (iteration - start_iter) as its counters, so its warm-ups continue where they were,
+     but its random draws (QSGD, random-k) after the resume differ from an uninterrupted
+     format-0 run's, which counted steps over all buckets.
+  1  2026-11-23 on: each key's state as named tensors, "<key>/<field>". States written
+     before 2026-11-26 carry no "format" field. The FSDP door, DiLoCo and the backend
+     door (gradzip.state_dict) start here.
+
+Golden files of every format, written by the builds that shipped it, are loaded by
+tests/python/test_checkpoints.py.
+"""
+import torch
+
+from .options import bind_spec
+
+FORMAT = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint this build cannot read: another format, or not a gradzip state."""
+
+
+def stamped(state: dict) -> dict:
+    """`state` with this build's format."""
+    return {"format": FORMAT, **state}
+
+
+def hook_state(state) -> dict:
+    """A gradzip.hooks.State checkpoint in this build's format."""
+    if _format(state, "gradzip.hooks", format_0="buckets" in state and "state" not in state) == 0:
+        named = _named_tensors(state["buckets"], state["spec"], "gradzip.hooks")
+        parameters = state.get("parameters") or {}
+        if parameters:  # model=: state per parameter name, one shared counter before
+            calls = max(0, int(state["iteration"]) - int(state["start_iter"]))
+            named = {}
+            for name, residual in parameters.items():
+                named.update(_named_tensors({name: {"residual": residual, "calls": calls, "step": calls}},
+                                            state["spec"], "gradzip.hooks"))
+        state = {"spec": state["spec"], "start_iter": state["start_iter"], "iteration": state["iteration"],
+                 "state": named}
+    _require(state, ("spec", "start_iter", "iteration", "state"), "gradzip.hooks")
+    return state
+
+
+def aggregation_state(state) -> dict:
+    """A gradzip.Aggregation checkpoint in this build's format."""
+    tensors = state.get("tensors") if isinstance(state, dict) else None
+    old = isinstance(tensors, dict) and any(isinstance(v, dict) for v in tensors.values())
+    if _format(state, "gradzip.Aggregation", format_0=old) == 0:
+        state = {"spec": state["spec"], "tensors": _named_tensors(tensors, state["spec"], "gradzip.Aggregation")}
+    _require(state, ("spec", "tensors"), "gradzip.Aggregation")
+    return state
+
+
+def format_1_state(state, door: str, fields: tuple) -> dict:
+    """A checkpoint of a door that format 1 introduced (FSDP, DiLoCo, the backend)."""
+    _format(state, door, format_0=False)
+    _require(state, fields, door)
+    return state
+
+
+def _format(state, door: str, format_0: bool) -> int:
+    """The checkpoint's format, checked against what this build reads."""
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{door}: a checkpoint is a dict (state_dict()), not {type(state).__name__}")
+    version = state.get("format")
+    if version is None:
+        return 0 if format_0 else 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+        raise CheckpointError(f"{door}: the checkpoint's format is {version!r}, not a format number")
+    if version > FORMAT:
+        raise CheckpointError(f"{door}: the checkpoint is format {version}, written by a newer gradzip; this build "
+                              f"reads formats 0 to {FORMAT}: load it with a gradzip that reads format {version}")
+    if version == 0 or (format_0 and version >= 1):
+        raise CheckpointError(f"{door}: the checkpoint says format {version} but its layout is format "
+                              f"{0 if format_0 else 1}'s: it was edited or is not a gradzip state")
+    return version
+
+
+def _require(state: dict, fields: tuple, door: str) -> None:
+    missing = [f for f in fields if f not in state]
+    if missing:
+        raise CheckpointError(f"{door}: the checkpoint lacks {', '.join(missing)}: not a format-{FORMAT} "
+                              f"state_dict() of this door")
+
+
+def _named_tensors(per_key: dict, spec: str, door: str) -> dict:
+    """Format 0's {key: {"residual", "calls", "step", "public_copies"}} as the named
+    tensors the spec's aggregation keeps: compressed ones a residual and two counters,
+    gossip its calls and (CHOCO) public copies, the exact all-reduce nothing."""
+    bound = bind_spec(spec)
+    out = {}
+    for key, s in per_key.items():
+        if not isinstance(s, dict) or "calls" not in s or "step" not in s:
+            raise CheckpointError(f"{door}: the format-0 state of {key!r} lacks its counters (calls, step)")
+        if bound.decentralized:
+            out[f"{key}/calls"] = torch.tensor([int(s["calls"])], dtype=torch.int64)
+            for rank, copy in (s.get("public_copies") or {}).items():
+                out[f"{key}/public_copy_{int(rank)}"] = copy.detach().float().flatten().clone()
+        elif bound.codec is not None:
+            if s.get("residual") is not None:
+                out[f"{key}/residual"] = s["residual"].detach().float().flatten().clone()
+            out[f"{key}/calls"] = torch.tensor([int(s["calls"])], dtype=torch.int64)
+            out[f"{key}/step"] = torch.tensor([int(s["step"])], dtype=torch.int64)
+    return out

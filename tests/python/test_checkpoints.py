@@ -1,0 +1,112 @@
+"""Checkpoints across versions (gradzip.checkpoint): every door's state_dict() carries its
+format; this build loads the golden files of every format earlier builds wrote and its
+resumed step gives their outputs bit for bit; a newer or damaged format is refused with
+an error that names it."""
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_scenarios import FORMAT_0_DOORS, SPECS, scenario
+from ranks import run_ranks
+
+GOLDEN = Path(__file__).resolve().parent / "checkpoints"
+# Written by the builds that shipped each format (checkpoints/README.md).
+SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": tuple(SPECS), "format1": tuple(SPECS)}
+# Doors whose resumed step is not the writer's bit for bit, and why (checkpoint.py).
+NOT_BIT_EXACT = {}
+
+
+def golden(name, door):
+    return torch.load(GOLDEN / name / f"{door}.pt", weights_only=False)
+
+
+@pytest.mark.parametrize("name,door", [(name, door) for name, doors in SETS.items() for door in doors])
+def test_a_golden_checkpoint_resumes_as_its_writer_did(name, door):
+    saved = golden(name, door)
+    assert saved["spec"] == SPECS[door] and saved["world_size"] == 2
+    if name == "format1":
+        stamps = [c["fsdp"] if door == "fsdp" else c["diloco"] if door == "diloco" else
+                  c["hook"] if door.startswith("hook") else c for c in saved["checkpoints"]]
+        assert all(s["format"] == 1 for s in stamps)
+    resumed = run_ranks(_resume, 2, door, saved["checkpoints"])
+    for rank, (mine, theirs) in enumerate(zip(resumed, saved["outputs"])):
+        assert len(mine) == len(theirs)
+        for a, b in zip(mine, theirs):
+            assert torch.equal(a, b), (name, door, rank, (a - b).abs().max())
+
+
+def _resume(rank, world_size, door, checkpoints):
+    return scenario(rank, world_size, door, checkpoints[rank])["outputs"]
+
+
+def test_the_golden_files_are_this_builds_format():
+    """What this build writes today is what format1/ holds (the same scenario, run now)."""
+    import gradzip
+    now = run_ranks(scenario, 2, "aggregation")
+    saved = golden("format1", "aggregation")
+    for mine, theirs in zip(now, saved["checkpoints"]):
+        assert mine["checkpoint"]["format"] == gradzip.checkpoint.FORMAT == theirs["format"]
+        assert sorted(mine["checkpoint"]["tensors"]) == sorted(theirs["tensors"])
+        assert all(torch.equal(mine["checkpoint"]["tensors"][k], v) for k, v in theirs["tensors"].items())
+
+
+def test_format_0_migrates_to_named_tensors():
+    import gradzip.checkpoint as checkpoint
+    saved = golden("format0", "hook_model")["checkpoints"][0]["hook"]
+    state = checkpoint.hook_state(saved)
+    residuals = {k for k in state["state"] if k.endswith("/residual")}
+    assert residuals == {f"{name}/residual" for name in saved["parameters"]}
+    calls = saved["iteration"] - saved["start_iter"]
+    assert all(int(v) == calls for k, v in state["state"].items() if k.endswith("/calls"))
+    old = golden("format0", "aggregation")["checkpoints"][0]
+    state = checkpoint.aggregation_state(old)
+    assert torch.equal(state["tensors"]["tensor/residual"], old["tensors"]["tensor"]["residual"].flatten())
+    assert int(state["tensors"]["tensor/step"]) == old["tensors"]["tensor"]["step"]
+
+
+@pytest.mark.parametrize("door,read", [("gradzip.hooks", "hook_state"), ("gradzip.Aggregation", "aggregation_state")])
+def test_a_newer_or_damaged_format_is_refused_by_name(door, read):
+    import gradzip.checkpoint as checkpoint
+    state = golden("format1", "aggregation" if read == "aggregation_state" else "hook")["checkpoints"][0]
+    state = state if read == "aggregation_state" else state["hook"]
+    reader = getattr(checkpoint, read)
+    with pytest.raises(checkpoint.CheckpointError, match=rf"{door}: the checkpoint is format 7, written by a newer "
+                                                          rf"gradzip; this build reads formats 0 to 1"):
+        reader({**state, "format": 7})
+    for bad in ("1", -1, 1.0, True):
+        with pytest.raises(checkpoint.CheckpointError, match="not a format number"):
+            reader({**state, "format": bad})
+    with pytest.raises(checkpoint.CheckpointError, match="lacks"):
+        reader({k: v for k, v in state.items() if k != "spec"})
+    with pytest.raises(checkpoint.CheckpointError, match="a checkpoint is a dict"):
+        reader([state])
+    old = golden("format0", "aggregation" if read == "aggregation_state" else "hook")["checkpoints"][0]
+    old = old if read == "aggregation_state" else old["hook"]
+    with pytest.raises(checkpoint.CheckpointError, match="says format 1 but its layout is format 0's"):
+        reader({**old, "format": 1})
+
+
+def test_the_fsdp_diloco_and_backend_doors_refuse_a_newer_format():
+    import gradzip.checkpoint as checkpoint
+    for door in ("gradzip.fsdp", "gradzip.diloco", "gradzip.load_state_dict"):
+        with pytest.raises(checkpoint.CheckpointError, match=rf"{door}: the checkpoint is format 2"):
+            checkpoint.format_1_state({"format": 2, "spec": "topk"}, door, ("spec",))
+
+
+def _backend_refuses_another_spec(rank, world_size):
+    import gradzip
+    import torch.distributed as dist
+    dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="topk:density=0.1"))
+    saved = gradzip.state_dict()
+    assert saved["format"] == 1 and saved["spec"] == "topk:density=0.1"
+    try:
+        gradzip.load_state_dict({**saved, "spec": "sign"})
+    except gradzip.checkpoint.CheckpointError as e:
+        return str(e)
+    return None
+
+
+def test_the_backend_door_refuses_another_specs_state():
+    for said in run_ranks(_backend_refuses_another_spec, 2):
+        assert said == "gradzip.load_state_dict: the saved state is for 'sign', this group runs 'topk:density=0.1'"
