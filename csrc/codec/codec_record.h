@@ -41,6 +41,11 @@ struct CodecParameters {
   bool stochastic_rounding = true;  // uniform
   double rate = 0.0;           // polar: free bits per sign
   int list_size = 1;           // polar: successive-cancellation list size
+  // Decoders: take the shape a payload states (polar's block and free bits) rather than
+  // refuse one that differs from these parameters. Set for the decoder of a payload
+  // (codec_for_payload: gradzip.codec.decode has no spec); an aggregation's codec refuses
+  // another shape, so a peer cannot make it design codes it does not use.
+  bool any_shape = false;
 };
 
 // Device memory for the device halves: 256-byte aligned (payload(): 8), valid until the arena goes

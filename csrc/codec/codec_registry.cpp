@@ -69,7 +69,9 @@ std::unique_ptr<Codec> make_codec(const Spec& spec) {
 std::unique_ptr<Codec> codec_for_payload(const uint8_t* data, size_t size) {
   // Decoders read every parameter from the payload: the default instance serves.
   const CodecRecord& record = codec_record(read_payload_header(data, size).codec);
-  return record.make(record.parse(Spec{record.name, {}}));
+  CodecParameters parameters = record.parse(Spec{record.name, {}});
+  parameters.any_shape = true;
+  return record.make(parameters);
 }
 
 }  // namespace gradzip

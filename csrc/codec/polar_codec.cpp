@@ -109,6 +109,10 @@ class PolarCodec final : public ValueCodec {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "polar");
     const PolarLayout layout = read_polar_layout(r, n);
+    if (!parameters_.any_shape && (layout.block != block_ || layout.free != free_)) {
+      r.fail("coded in blocks of " + std::to_string(layout.block) + " with " + std::to_string(layout.free) +
+             " free bits, not this spec's " + std::to_string(block_) + " with " + std::to_string(free_));
+    }
     const uint8_t* scales = r.at(layout.scales);
     bitpack::BitReader bits(r.at(layout.bits), layout.bits.bytes);
     std::vector<uint8_t> free_bits, signs;

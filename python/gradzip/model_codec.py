@@ -285,9 +285,22 @@ def read_container(data: bytes):
     return _LOSSLESS[lossless], bool(flags & _BATCHED), entries
 
 
-def decompress_model(data: bytes, like, batched: bool = False):
+def decompress_model(data: bytes, like, batched: bool = False, accept=None):
     """The model compress_model() turned into `data`, shaped like `like` (a Module gives a
-    state dict; dicts and lists keep their type), each tensor on its `like` tensor's device."""
+    state dict; dicts and lists keep their type), each tensor on its `like` tensor's device.
+
+    accept: the codec names a payload may use (e.g. ["sz"]; default None: any). A server
+    that names the codec its clients were told to use refuses every other one before
+    decoding it. What decoding costs is bounded by `like` whatever the bytes say: every
+    entry's size is checked against its tensor's before anything is allocated, and each
+    codec's decode time by its element count (docs/wire-format.md, "Decoder cost")."""
+    if accept is not None:
+        accept = [accept] if isinstance(accept, str) else list(accept)
+        known = [kind["name"] for kind in _C.codec_kinds()]
+        unknown = [name for name in accept if name not in known]
+        if unknown:
+            raise ValueError(f"gradzip.codec.decompress_model: accept names {unknown}, not codecs; codecs: "
+                             + ", ".join(known))
     lossless, was_batched, entries = read_container(data)
     if was_batched != batched:
         _fail(f"it was written with batched={was_batched}, read with batched={batched}")
@@ -308,6 +321,10 @@ def decompress_model(data: bytes, like, batched: bool = False):
         if storage == _PAYLOAD and not tensor.is_floating_point():
             _fail(f"entry {path!r} is a codec payload, but its dtype {dtype} is not floating")
         raw = _C.lossless_decompress(lossless, stored, raw_size)
+        if storage == _PAYLOAD and accept is not None:
+            codec = header(raw)["codec"]
+            if codec not in accept:
+                _fail(f"entry {path!r} is a {codec} payload; this call accepts {', '.join(accept)}")
         if storage == _EXACT:
             if dtype == torch.bool and raw and max(raw) > 1:
                 _fail(f"entry {path!r} is bool, but holds bytes other than 0 and 1")

@@ -521,6 +521,27 @@ TEST(CodecTest, WrongCountCodecOrVersionIsRefusedByName) {
   EXPECT_THROW(read_payload_header(bad_magic.data(), bad_magic.size()), PayloadError);
 }
 
+// A polar payload's shape (block, free bits) picks the frozen sets its decoder designs (up
+// to 60 ms each at 2^16). The payload's own decoder (gradzip.codec.decode's) takes any
+// shape; an aggregation's, built from its spec, refuses another before designing anything.
+TEST(CodecTest, AnAggregationsPolarDecoderRefusesAnotherShape) {
+  const auto x = random_input(5000, 3);
+  const auto payload = encode("polar:block=1024", x);
+  std::vector<float> out(5000, 0.0f);
+  EXPECT_NO_THROW(decode(payload, 5000));
+  EXPECT_NO_THROW(make_codec(parse_spec("polar:block=1024"))->decode_add(payload.data(), payload.size(), out.data(), 5000));
+  for (const std::string other : {"polar", "polar:block=1024,rate=0.25"}) {
+    try {
+      make_codec(parse_spec(other))->decode_add(payload.data(), payload.size(), out.data(), 5000);
+      FAIL() << other;
+    } catch (const PayloadError& e) {
+      const std::string want = other == "polar" ? "coded in blocks of 1024 with 512 free bits, not this spec's 4096 with 2048"
+                                                : "coded in blocks of 1024 with 512 free bits, not this spec's 1024 with 256";
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(CodecTest, HostileIndicesAreRefusedBeforeAnyWrite) {
   auto payload = encode("topk:density=0.1", random_input(100, 17));
   // The 10 indices start after header (16), k (8) and width (1).

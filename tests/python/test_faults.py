@@ -1,12 +1,15 @@
 """A rank that dies (SIGKILL) or stops (SIGSTOP) while the others are inside a collective:
 every other rank raises within the group's timeout plus 5 s, with a message that names
 the problem, and a new group of the survivors gives correct results. For the exact
-path, both compressed exchanges, gossip and CHOCO."""
+path, both compressed exchanges, gossip and CHOCO; and under load: beside a second
+gradzip group that a thread of every rank keeps busy with large compressed all-reduces
+(its worker, its transport and the CPUs all taken) when the fault comes."""
 import datetime
 import multiprocessing
 import os
 import queue
 import signal
+import threading
 import time
 
 import pytest
@@ -19,7 +22,20 @@ SPECS = ["allreduce", "stc:density=0.01,exchange=oneshot", "stc:density=0.01,exc
          "fp16:exchange=twophase,rounds=4", "gossip:topology=ring", "choco:topology=ring,compress=sign,gamma=0.5"]
 
 
-def _rank(rank, port, spec, fault, results):
+def _keep_busy(group):
+    """All-reduces 2M elements on `group` until the group fails (once a peer is gone) or
+    the process ends."""
+    import torch
+    import torch.distributed as dist
+    x = torch.randn(2_000_000)
+    try:
+        while True:
+            dist.all_reduce(x, group=group)
+    except Exception:  # noqa: B902 - the busy group breaks with the fault; the test is the main group's
+        pass
+
+
+def _rank(rank, port, spec, fault, results, load=False):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       OMP_NUM_THREADS="1")
     import torch
@@ -33,6 +49,11 @@ def _rank(rank, port, spec, fault, results):
         x = torch.randn(100_000)
         for _ in range(2):
             dist.all_reduce(x.clone(), group=group)
+        if load:
+            busy = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="qsgd:bits=4"),
+                                  timeout=timeout)
+            threading.Thread(target=_keep_busy, args=(busy,), daemon=True).start()
+            time.sleep(1.0)  # the busy group's calls are running on every rank
         if rank == VICTIM:
             results.put((rank, "fault", None))
             time.sleep(0.5)  # the others are inside the next all_reduce by now
@@ -56,11 +77,11 @@ def _rank(rank, port, spec, fault, results):
         os._exit(0)  # the broken group is not torn down: its peer is gone
 
 
-def run_fault(spec, fault):
+def run_fault(spec, fault, load=False):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load)) for r in range(WORLD)]
     for p in procs:
         p.start()
     outcome = {}
@@ -83,7 +104,16 @@ def run_fault(spec, fault):
 @pytest.mark.parametrize("fault", ["kill", "stop"])
 @pytest.mark.parametrize("spec", SPECS)
 def test_survivors_raise_in_time_and_regroup(spec, fault):
-    outcome = run_fault(spec, fault)
+    check_survivors(run_fault(spec, fault))
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+@pytest.mark.parametrize("spec", ["allreduce", "stc:density=0.01,exchange=twophase"])
+def test_survivors_raise_in_time_beside_a_busy_group(spec, fault):
+    check_survivors(run_fault(spec, fault, load=True))
+
+
+def check_survivors(outcome):
     assert outcome.get(VICTIM, (None,))[0] == "fault", outcome
     for rank in (0, 1):
         assert rank in outcome, f"rank {rank} never reported: {outcome}"

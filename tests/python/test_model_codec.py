@@ -256,3 +256,15 @@ def test_exact_entries_are_checked_and_conjugate_views_stored():
     body[at] = 7
     with pytest.raises(PayloadError, match="bytes other than 0 and 1"):
         codec.decompress_model(reseal(bytes(body)), like=state)
+
+
+def test_a_server_accepts_only_the_codecs_it_names():
+    state = model_state()
+    sz = codec.compress_model(state, "sz:bound=1e-3")
+    polar = codec.compress_model(state, "polar")
+    assert codec.decompress_model(sz, like=state, accept=["sz"]).keys() == state.keys()
+    assert codec.decompress_model(sz, like=state, accept="sz").keys() == state.keys()
+    with pytest.raises(PayloadError, match="entry 'conv.weight' is a polar payload; this call accepts sz, zfp"):
+        codec.decompress_model(polar, like=state, accept=["sz", "zfp"])
+    with pytest.raises(ValueError, match=r"accept names \['szz'\], not codecs"):
+        codec.decompress_model(sz, like=state, accept=["szz"])
