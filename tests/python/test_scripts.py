@@ -228,6 +228,17 @@ def test_federated_benchmark_quick(tmp_path):
     assert 3.0 < models["gradzip uniform (TFF 8-bit)"]["ratio"] < 4.5
 
 
+def test_decoder_cost_benchmark_quick(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/decoder_cost.py"), "--quick", "--json",
+                           str(tmp_path / "d.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {row["codec"]: row for row in json.loads((tmp_path / "d.json").read_text())["rows"]}
+    assert {"identity", "sz", "zfp", "polar", "polar, hostile, block 65536"} <= set(rows)
+    hostile = next(row for name, row in rows.items() if name.startswith("polar, hostile"))
+    assert hostile["numel"] == 1 << 16 and hostile["payload_bytes"] < 64  # a few dozen bytes for 2^16 elements
+    assert rows["identity"]["payload_bytes"] == 16 + 4 * (1 << 16)
+
+
 def _netns_usable():
     """None when this machine lets netns.sh build its network (root, namespaces, veth, tbf);
     else why not."""
