@@ -57,6 +57,7 @@ bench: build
 	$(PYTHON) benchmarks/codecs.py
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 8 benchmarks/consensus.py
 	$(PYTHON) benchmarks/federated.py
+	$(PYTHON) benchmarks/decoder_cost.py
 
 clean:
 	rm -rf build build-sanitize build-fuzz python/gradzip/_C*.so
