@@ -59,6 +59,19 @@ def saved_now(checkpoint):
     return copy.deepcopy(checkpoint)
 
 
+def third_step(step, saved, save, load):
+    """Without `saved`: steps 0 and 1, then the checkpoint save() returns; with it,
+    load(saved). Then step 2, whose outputs are compared."""
+    checkpoint = None
+    if saved is None:
+        for i in range(2):
+            step(i)
+        checkpoint = saved_now(save())
+    else:
+        load(saved)
+    return {"checkpoint": checkpoint, "outputs": step(2)}
+
+
 def _aggregation_qsgd(rank, world_size, spec, saved):
     return _aggregation(rank, world_size, spec, saved)
 
@@ -100,15 +113,12 @@ def _ddp_steps(rank, spec, saved, model_keyed):
         opt.step()
         return grads
 
-    checkpoint = None
-    if saved is None:
-        for i in range(2):
-            step(i)
-        checkpoint = saved_now({"model": model.state_dict(), "optimizer": opt.state_dict(), "hook": state.state_dict()})
-    else:
+    def load(saved):
         opt.load_state_dict(saved["optimizer"])
         state.load_state_dict(saved["hook"])
-    return {"checkpoint": checkpoint, "outputs": step(2)}
+
+    return third_step(step, saved, lambda: {"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                            "hook": state.state_dict()}, load)
 
 
 def _hook(rank, world_size, spec, saved):
@@ -142,18 +152,14 @@ def _fsdp(rank, world_size, spec, saved):
         opt.step()
         return grads
 
-    checkpoint = None
-    if saved is None:
-        for i in range(2):
-            step(i)
-        checkpoint = saved_now({"shards": [p.to_local().detach() for p in model.parameters()],
-                                "fsdp": state.state_dict()})
-    else:
+    def load(saved):
         with torch.no_grad():
             for p, shard in zip(model.parameters(), saved["shards"]):
                 p.to_local().copy_(shard)
         state.load_state_dict(saved["fsdp"])
-    return {"checkpoint": checkpoint, "outputs": step(2)}
+
+    return third_step(step, saved, lambda: {"shards": [p.to_local().detach() for p in model.parameters()],
+                                            "fsdp": state.state_dict()}, load)
 
 
 def _diloco(rank, world_size, spec, saved):
