@@ -37,7 +37,8 @@ def stamped(state: dict) -> dict:
 
 def hook_state(state) -> dict:
     """A gradzip.hooks.State checkpoint in this build's format."""
-    if _format(state, "gradzip.hooks", format_0="buckets" in state and "state" not in state) == 0:
+    old = isinstance(state, dict) and "buckets" in state and "state" not in state
+    if _format(state, "gradzip.hooks", format_0=old) == 0:
         named = _named_tensors(state["buckets"], state["spec"], "gradzip.hooks")
         parameters = state.get("parameters") or {}
         if parameters:  # model=: state per parameter name, one shared counter before

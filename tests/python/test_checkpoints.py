@@ -79,8 +79,9 @@ def test_a_newer_or_damaged_format_is_refused_by_name(door, read):
             reader({**state, "format": bad})
     with pytest.raises(checkpoint.CheckpointError, match="lacks"):
         reader({k: v for k, v in state.items() if k != "spec"})
-    with pytest.raises(checkpoint.CheckpointError, match="a checkpoint is a dict"):
-        reader([state])
+    for not_a_dict in ([state], 3, None):
+        with pytest.raises(checkpoint.CheckpointError, match="a checkpoint is a dict"):
+            reader(not_a_dict)
     old = golden("format0", "aggregation" if read == "aggregation_state" else "hook")["checkpoints"][0]
     old = old if read == "aggregation_state" else old["hook"]
     with pytest.raises(checkpoint.CheckpointError, match="says format 1 but its layout is format 0's"):
