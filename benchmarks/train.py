@@ -258,12 +258,11 @@ def main():
     if args.quick:
         args.methods, args.epochs, args.max_steps = "quick", 1, 5
     methods = METHODS.get(args.methods) or [m for m in args.methods.split(";") if m]
-    args.target_spec = args.target
-    target = None
-    if args.target is not None and not args.target.startswith("dense-"):
-        target = args.target = float(args.target)
     if args.stop_at_target and args.target is None:
         parser.error("--stop-at-target needs --target")
+    # "dense-D": D below the first method's final accuracy, known once it has run.
+    below_first = float(args.target[len("dense-"):]) if args.target and args.target.startswith("dense-") else None
+    target = float(args.target) if args.target is not None and below_first is None else None
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     gradzip.init_process_group("gloo")
@@ -283,26 +282,24 @@ def main():
         stop = args.stop_at_target and i > 0 and target is not None
         results[name] = train(name, args, data, rank, world, group, target if stop else None,
                               results[methods[0]][-1]["seconds"] if stop else None)
-        if i == 0 and isinstance(args.target, str) and args.target.startswith("dense-"):
-            target = results[name][-1]["accuracy"] - float(args.target[len("dense-"):])
-            args.target = target
+        if i == 0 and below_first is not None:
+            target = results[name][-1]["accuracy"] - below_first
             if rank == 0:
-                print(f"  target: {name}'s final accuracy less {float(args.target_spec[6:]):g}: {target:.2%}",
-                      flush=True)
+                print(f"  target: {name}'s final accuracy less {below_first:g}: {target:.2%}", flush=True)
 
     if rank == 0:
         dense = results.get("none", [{}])[-1].get("bytes_sent")
-        none_to_target = time_to(results["none"], args.target) if "none" in results and args.target else None
+        none_to_target = time_to(results["none"], target) if "none" in results and target else None
         header = (f"{'method':<40} | {'accuracy':>8} | {'time':>8} | {'step':>8} | {'step/compute':>12} | "
                   f"{'to target':>9} | {'speedup':>7} | {'sent per rank':>13} | {'fewer bytes':>11}")
         print(f"\nlast epoch of each method; {args.model}; compute-only step {compute * 1e3:.1f} ms; "
-              f"target {args.target}; {platform.node()}, {os.cpu_count()} cores, {network}")
+              f"target {target}; {platform.node()}, {os.cpu_count()} cores, {network}")
         print(header)
         print("-" * len(header))
         for name, epochs in results.items():
             last = epochs[-1]
             fewer = f"{dense / max(last['bytes_sent'], 1):10.1f}x" if dense else "-"
-            reached = time_to(epochs, args.target)
+            reached = time_to(epochs, target)
             to_target = f"{reached:7.1f} s" if reached is not None else "-"
             speedup = f"{none_to_target / reached:6.2f}x" if reached and none_to_target else "-"
             print(f"{name:<40} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
@@ -310,7 +307,7 @@ def main():
                   f"{to_target:>9} | {speedup:>7} | {last['bytes_sent'] / 1e6:>10.2f} MB | {fewer:>11}")
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": args.target,
+        meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": target,
                 "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                 "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
                 "cores": os.cpu_count(), "torch": torch.__version__}

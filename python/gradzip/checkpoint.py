@@ -39,16 +39,13 @@ def hook_state(state) -> dict:
     """A gradzip.hooks.State checkpoint in this build's format."""
     old = isinstance(state, dict) and "buckets" in state and "state" not in state
     if _format(state, "gradzip.hooks", format_0=old) == 0:
-        named = _named_tensors(state["buckets"], state["spec"], "gradzip.hooks")
-        parameters = state.get("parameters") or {}
-        if parameters:  # model=: state per parameter name, one shared counter before
+        per_key = state["buckets"]
+        if state.get("parameters"):  # model=: state per parameter name, one shared counter before
             calls = max(0, int(state["iteration"]) - int(state["start_iter"]))
-            named = {}
-            for name, residual in parameters.items():
-                named.update(_named_tensors({name: {"residual": residual, "calls": calls, "step": calls}},
-                                            state["spec"], "gradzip.hooks"))
+            per_key = {name: {"residual": residual, "calls": calls, "step": calls}
+                       for name, residual in state["parameters"].items()}
         state = {"spec": state["spec"], "start_iter": state["start_iter"], "iteration": state["iteration"],
-                 "state": named}
+                 "state": _named_tensors(per_key, state["spec"], "gradzip.hooks")}
     _require(state, ("spec", "start_iter", "iteration", "state"), "gradzip.hooks")
     return state
 
@@ -104,13 +101,14 @@ def _named_tensors(per_key: dict, spec: str, door: str) -> dict:
     for key, s in per_key.items():
         if not isinstance(s, dict) or "calls" not in s or "step" not in s:
             raise CheckpointError(f"{door}: the format-0 state of {key!r} lacks its counters (calls, step)")
+        if bound.codec is None and not bound.decentralized:
+            continue
+        out[f"{key}/calls"] = torch.tensor([int(s["calls"])], dtype=torch.int64)
         if bound.decentralized:
-            out[f"{key}/calls"] = torch.tensor([int(s["calls"])], dtype=torch.int64)
             for rank, copy in (s.get("public_copies") or {}).items():
                 out[f"{key}/public_copy_{int(rank)}"] = copy.detach().float().flatten().clone()
-        elif bound.codec is not None:
-            if s.get("residual") is not None:
-                out[f"{key}/residual"] = s["residual"].detach().float().flatten().clone()
-            out[f"{key}/calls"] = torch.tensor([int(s["calls"])], dtype=torch.int64)
-            out[f"{key}/step"] = torch.tensor([int(s["step"])], dtype=torch.int64)
+            continue
+        if s.get("residual") is not None:
+            out[f"{key}/residual"] = s["residual"].detach().float().flatten().clone()
+        out[f"{key}/step"] = torch.tensor([int(s["step"])], dtype=torch.int64)
     return out

@@ -72,10 +72,6 @@ def third_step(step, saved, save, load):
     return {"checkpoint": checkpoint, "outputs": step(2)}
 
 
-def _aggregation_qsgd(rank, world_size, spec, saved):
-    return _aggregation(rank, world_size, spec, saved)
-
-
 def _aggregation(rank, world_size, spec, saved):
     import gradzip
     dist.init_process_group("gloo")
@@ -89,6 +85,9 @@ def _aggregation(rank, world_size, spec, saved):
         aggregation.load_state_dict(saved)
     out = aggregation(inputs(rank, 2, 3000))
     return {"checkpoint": checkpoint, "outputs": [out]}
+
+
+_aggregation_qsgd = _aggregation  # the same steps, with SPECS' QSGD
 
 
 def _ddp_steps(rank, spec, saved, model_keyed):
