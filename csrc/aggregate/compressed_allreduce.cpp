@@ -7,7 +7,7 @@
 #include <limits>
 #include <optional>
 
-#include "aggregate/completed_work.h"
+#include "work/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/finite_step.h"
 #include "codec/codec_record.h"
@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "aggregate/device_codec_glue.h"
-#include "device_codec.h"
+#include "cuda/device_codec.h"
 #endif
 
 namespace gradzip {

@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "device_codec.h"
+#include "cuda/device_codec.h"
 
 namespace gradzip {
 namespace {

@@ -2,14 +2,14 @@
 // the DDP comm hook and the model-level API — over whatever transport the caller's
 // process group has, with byte counters of its own. allreduce(), allreduce_pieces() and
 // reduce_scatter() return when the result is in place; submit_pieces() returns at once and runs on a
-// worker thread (aggregate/ordered_worker.h), in submission order, after every call
+// worker thread (work/ordered_worker.h), in submission order, after every call
 // submitted before it. The synchronous calls wait for submitted ones first.
 #pragma once
 
 #include <memory>
 #include <vector>
 
-#include "aggregate/ordered_worker.h"
+#include "work/ordered_worker.h"
 #include "gradzip/aggregation.h"
 
 namespace gradzip {

@@ -6,7 +6,7 @@
 #include <functional>
 #include <limits>
 
-#include "aggregate/completed_work.h"
+#include "work/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/peer_exchange.h"
 #include "aggregate/peer_header.h"
@@ -15,7 +15,7 @@
 #include <c10/cuda/CUDAGuard.h>
 
 #include "aggregate/device_codec_glue.h"
-#include "device_codec.h"
+#include "cuda/device_codec.h"
 #endif
 
 namespace gradzip {

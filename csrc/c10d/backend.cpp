@@ -6,7 +6,7 @@
 #include "c10d/call_sequence_identity.h"
 #include "c10d/checked_p2p.h"
 #include "c10d/collective_check.h"
-#include "c10d/split_sizes.h"
+#include "transport/split_sizes.h"
 
 namespace gradzip {
 

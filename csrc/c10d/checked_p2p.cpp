@@ -7,7 +7,7 @@
 #include <limits>
 #include <thread>
 
-#include "aggregate/future_work.h"
+#include "work/future_work.h"
 
 namespace gradzip {
 namespace {

@@ -2,7 +2,7 @@
 //
 // all_reduce runs the configured Aggregation (and so does reduce_scatter_tensor, when
 // the spec says reduce_scatter=compressed) on the group's worker thread
-// (aggregate/ordered_worker.h), so that the call returns at once and DDP goes on with its
+// (work/ordered_worker.h), so that the call returns at once and DDP goes on with its
 // backward pass; CUDA tensors there on a side stream ordered after the caller's. Every
 // other call first waits for the queued all-reduces, so no transport call overtakes
 // one. Every other collective is forwarded
@@ -23,7 +23,7 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "aggregate/ordered_worker.h"
+#include "work/ordered_worker.h"
 #include "gradzip/backend.h"
 
 namespace gradzip {

@@ -7,7 +7,7 @@
 #include "python/bindings.h"
 #ifdef GRADZIP_WITH_CUDA
 #include "aggregate/device_codec_glue.h"
-#include "device_codec.h"
+#include "cuda/device_codec.h"
 #endif
 
 namespace py = pybind11;

@@ -4,7 +4,7 @@
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 
-#include "gradzip/build_info.h"
+#include "python/build_info.h"
 #include "python/bindings.h"
 
 namespace py = pybind11;

@@ -6,7 +6,7 @@
 #include "python/gil_free_holder.h"
 
 #ifdef GRADZIP_WITH_MPI
-#include "c10d/mpi_backend.h"
+#include "transport/mpi/mpi_backend.h"
 #endif
 
 namespace py = pybind11;
@@ -16,7 +16,7 @@ namespace gradzip::python {
 void bind_mpi(py::module_& m) {
 #ifdef GRADZIP_WITH_MPI
   py::class_<MpiBackend, c10d::Backend, GilFreeDestructorPtr<MpiBackend>>(
-      m, "MpiBackend", "A c10d backend for CPU tensors over an MPI communicator (csrc/c10d/mpi_backend.h).")
+      m, "MpiBackend", "A c10d backend for CPU tensors over an MPI communicator (csrc/transport/mpi/mpi_backend.h).")
       .def(py::init([](int rank, int size, const std::vector<int64_t>& global_ranks,
                        std::chrono::milliseconds timeout) {
              return GilFreeDestructorPtr<MpiBackend>(

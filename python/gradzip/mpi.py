@@ -3,7 +3,7 @@
 Under mpirun, ``gradzip.init_process_group()`` picks it by itself: no MASTER_ADDR, no
 TCP store. ``Options(transport="mpi"|"gloo")`` or ``GRADZIP_TRANSPORT`` chooses
 explicitly. CUDA tensors stay on NCCL, which rendezvouses through a TCP store whose
-address rank 0 broadcasts over MPI. csrc/c10d/mpi_backend.h states what the transport
+address rank 0 broadcasts over MPI. csrc/transport/mpi/mpi_backend.h states what the transport
 guarantees (rank-ordered reductions, bitwise identical on every rank; timeouts).
 """
 import atexit

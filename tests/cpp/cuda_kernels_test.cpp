@@ -18,8 +18,8 @@
 #include "codec/codec_record.h"
 #include "codec/position_coding.h"
 #include "codec/wire.h"
-#include "cuda_check.h"
-#include "device_codec.h"
+#include "cuda/cuda_check.h"
+#include "cuda/device_codec.h"
 
 namespace gradzip::cuda {
 namespace {

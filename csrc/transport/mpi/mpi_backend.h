@@ -34,8 +34,8 @@
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
-#include "aggregate/ordered_worker.h"
-#include "c10d/mpi_runtime.h"
+#include "work/ordered_worker.h"
+#include "transport/mpi/mpi_runtime.h"
 
 namespace gradzip {
 

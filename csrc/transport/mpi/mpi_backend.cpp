@@ -1,4 +1,4 @@
-#include "c10d/mpi_backend.h"
+#include "transport/mpi/mpi_backend.h"
 
 #include <climits>
 #include <set>
@@ -6,8 +6,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include "aggregate/future_work.h"
-#include "c10d/split_sizes.h"
+#include "work/future_work.h"
+#include "transport/split_sizes.h"
 
 namespace gradzip {
 namespace {

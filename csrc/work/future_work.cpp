@@ -1,4 +1,4 @@
-#include "aggregate/future_work.h"
+#include "work/future_work.h"
 
 #include <condition_variable>
 #include <mutex>

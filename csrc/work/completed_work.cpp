@@ -1,4 +1,4 @@
-#include "aggregate/completed_work.h"
+#include "work/completed_work.h"
 
 namespace gradzip {
 

@@ -1,4 +1,4 @@
-#include "c10d/mpi_runtime.h"
+#include "transport/mpi/mpi_runtime.h"
 
 #include <map>
 #include <mutex>

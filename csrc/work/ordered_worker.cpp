@@ -1,4 +1,4 @@
-#include "aggregate/ordered_worker.h"
+#include "work/ordered_worker.h"
 
 #include <stdexcept>
 
@@ -6,7 +6,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
-#include "aggregate/future_work.h"
+#include "work/future_work.h"
 
 namespace gradzip {
 namespace {

@@ -1,4 +1,4 @@
-#include "c10d/split_sizes.h"
+#include "transport/split_sizes.h"
 
 #include <c10/util/Exception.h>
 

@@ -1,4 +1,4 @@
-#include "gradzip/build_info.h"
+#include "python/build_info.h"
 
 namespace gradzip {
 
