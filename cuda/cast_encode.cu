@@ -3,6 +3,7 @@
 // round to nearest even), and with error feedback leaves the residual u − sent, as the
 // host codec does (residual + (−1 · sent)). Decode adds each value into the sum.
 #include "codec/cast_codecs.h"
+#include "codec/codec_record.h"
 #include "codec/element_math.cuh"
 #include "codec/wire.h"
 #include "cuda_check.h"
@@ -72,10 +73,6 @@ constexpr size_t value_bytes(CodecId id) { return id == CodecId::kIdentity ? 4 :
 namespace gradzip {
 namespace {
 
-constexpr const char* cast_name(CodecId id) {
-  return id == CodecId::kIdentity ? "identity" : id == CodecId::kFp16 ? "fp16" : "bf16";
-}
-
 template <CodecId kId>
 DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t n, float* residual,
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
@@ -97,7 +94,7 @@ DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t
 template <CodecId kId>
 bool cast_device_decode_rows(const PayloadRows& rows, float scale, bool set, float* out, int64_t n, int*,
                              cudaStream_t stream) {
-  const auto layouts = cuda::row_layouts(rows, n, cast_name(kId), [](wire::Reader& r, int64_t n) {
+  const auto layouts = cuda::row_layouts(rows, n, codec_record(kId).name.c_str(), [](wire::Reader& r, int64_t n) {
     return read_cast_layout(r, kId, n).offset;
   });
   if (!cuda::laid_out_alike(layouts, [](uint64_t values_at) { return values_at; })) return false;

@@ -10,7 +10,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 seconds=${1:-15}
 BUILD=build-fuzz
-TARGETS=(identity:1 fp16:2 bf16:3 topk:4 randomk:5 stc:6 sign:7 qsgd:8 sz:9 zfp:10 polar:11 uniform:12 peer_header:0)
 CXX=${FUZZ_CXX:-clang++}
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
 launcher=$(command -v ccache || true)
@@ -30,6 +29,16 @@ for source in "${sources[@]}"; do
   fi
 done | xargs -r -P "${MAX_JOBS:-2}" -I{} sh -c \
   "$launcher $CXX ${flags[*]} -fsanitize=fuzzer-no-link -c {} -o $BUILD/obj/\$(basename {} .cpp).o"
+
+# The targets: every codec in the registry (name:id), then the gossip message headers.
+$launcher $CXX "${flags[@]}" tests/fuzz/codec_ids.cpp "${objects[@]}" "${libraries[@]}" -o "$BUILD/codec_ids"
+mapfile -t TARGETS < <("$BUILD/codec_ids")
+[ ${#TARGETS[@]} -gt 0 ] || { echo "fuzz.sh: the registry lists no codecs"; exit 1; }
+TARGETS+=(peer_header:0)
+for entry in "${TARGETS[@]}"; do
+  [ -d "tests/fuzz/corpus/${entry%%:*}" ] ||
+    { echo "fuzz.sh: no seed corpus for ${entry%%:*} (add it to tests/fuzz/make_corpus.py and run it)"; exit 1; }
+done
 
 printf '%-12s %10s %8s %8s %9s\n' target runs cov ft corpus
 for entry in "${TARGETS[@]}"; do

@@ -353,3 +353,4 @@ def test_sharded_benchmark_quick(tmp_path):
     assert fsdp["accuracy"] > 0.2 and fsdp["fewer_bytes_than_exact"] > 50, done.stdout
     assert diloco["accuracy"] > 0.5 and diloco["fewer_bytes_than_ddp"] > 100, done.stdout
     assert "| spec | accuracy | vs exact (points)" in done.stdout
+
