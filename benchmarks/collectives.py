@@ -7,7 +7,8 @@
 Every method is its own process group over the same ranks: "gloo" (dense, Gloo's own
 all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path, with the
 collective check that is on by default; "allreduce unchecked" the same with
-validate=False: their ratio is the check's cost). For each
+validate=False: their ratio is the check's cost; --unchecked adds "SPEC unchecked" for
+every spec). For each
 size the calls go round the methods in turn, so drift in the machine's load hits all
 alike. A call's time is the slowest rank's, after a barrier; the table gives the median
 over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
@@ -115,6 +116,8 @@ def main():
     parser.add_argument("--repetitions", type=int, default=5)
     parser.add_argument("--transports", default="gloo",
                         help="gloo, or gloo,mpi to run every method over the MPI transport too (under mpirun)")
+    parser.add_argument("--unchecked", action="store_true",
+                        help="every spec also on a group without the collective check (validate=False)")
     parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition (seconds)")
     parser.add_argument("--json", default="benchmarks/results/collectives.json")
     parser.add_argument("--link-rate", type=link_rate_bits, default=None,
@@ -131,8 +134,8 @@ def main():
     for spec in specs:
         groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec,
                                                                                       transport="gloo"))
-        if spec == "allreduce":
-            groups[UNCHECKED] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
+        if spec == "allreduce" or args.unchecked:
+            groups[f"{spec} unchecked"] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
                 aggregation=spec, validate=False, transport="gloo"))
     if "mpi" in args.transports.split(","):
         groups[MPI_DENSE] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(
@@ -167,7 +170,7 @@ def main():
                               else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name in groups:
-            spec = name.removesuffix(" @mpi")
+            spec = name.removesuffix(" @mpi").removesuffix(" unchecked")
             exchange = "dense" if name in DENSE else gradzip.exchange_plan(spec, numel, world)["choice"]
             memory = 0 if name in DENSE else memory_bytes(spec, numel, world, exchange, sent[name])
             floor = (sent[name] * 8 / link if link else 0.0) + memory / bandwidth

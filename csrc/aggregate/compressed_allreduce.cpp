@@ -332,7 +332,8 @@ const CompressedAllreduce::Hierarchy* CompressedAllreduce::hierarchy_of(const c1
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts,
                                                               const c10::intrusive_ptr<c10d::Backend>& transport,
-                                                              Stats& stats, const std::string& key) {
+                                                              Stats& stats, const std::string& key,
+                                                              std::optional<bool> all_finite) {
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   std::unique_lock<std::mutex> lock(mutex_);
   CompressedState& state = states_[key];
@@ -341,7 +342,11 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
     own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
   }
-  return run(tensors, opts, transport, stats, key, lock, state, how, key);
+  return run(tensors, opts, transport, stats, key, lock, state, how, key, all_finite);
+}
+
+bool CompressedAllreduce::agrees_on_finiteness(const at::Tensor& tensor) const {
+  return agree_on_finiteness_ && compressible(tensor);
 }
 
 c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector<at::Tensor>& tensors,
@@ -393,7 +398,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     }
   }
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
-  auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key);
+  auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();
   int64_t offset = 0;
   for (const auto& piece : pieces) {
@@ -419,7 +424,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
                                                         const c10::intrusive_ptr<c10d::Backend>& transport,
                                                         Stats& stats, const std::string& key,
                                                         std::unique_lock<std::mutex>& lock, CompressedState& state,
-                                                        const Plan& how, const std::string& seed_key) {
+                                                        const Plan& how, const std::string& seed_key,
+                                                        std::optional<bool> all_finite) {
   at::Tensor& tensor = tensors.front();
   if (how.scheme == ExchangeScheme::kDense) {
     ++state.calls;
@@ -432,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   ExchangeCall call;
   call.x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();  // the exchanges cut it in chunks
   lock.unlock();
-  if (agree_on_finiteness_ && !finite_on_every_rank(call.x, transport, tensor.device())) {
+  if (agree_on_finiteness_ && !(all_finite ? *all_finite : finite_on_every_rank(call.x, transport, tensor.device()))) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }

@@ -71,7 +71,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                           const std::string& key) override;
+                                           const std::string& key, std::optional<bool> all_finite) override;
+  bool agrees_on_finiteness(const at::Tensor& tensor) const override;
   c10::intrusive_ptr<c10d::Work> allreduce_pieces(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                   const std::vector<TensorPiece>& pieces) override;
@@ -118,11 +119,13 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   Plan with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
-  // result is all NaN and `state` is left as it was (aggregate/finite_step.h).
+  // result is all NaN and `state` is left as it was (aggregate/finite_step.h); `all_finite`
+  // is that answer when the caller already agreed on it (nullopt: agreed here).
   c10::intrusive_ptr<c10d::Work> run(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                      const std::string& key, std::unique_lock<std::mutex>& lock,
-                                     CompressedState& state, const Plan& plan, const std::string& seed_key);
+                                     CompressedState& state, const Plan& plan, const std::string& seed_key,
+                                     std::optional<bool> all_finite);
   // Whether a reduce-scatter of `input` goes exact, and why when the user did not ask
   // for it (min_numel, warmup and one rank go exact without a warning).
   struct ExactPlan {

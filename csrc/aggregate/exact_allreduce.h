@@ -28,7 +28,7 @@ class ExactAllreduce final : public Aggregation {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                           const std::string&) override {
+                                           const std::string&, std::optional<bool>) override {
     return exact_allreduce(tensors, opts, transport, stats);
   }
 };

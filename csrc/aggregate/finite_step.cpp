@@ -6,9 +6,14 @@
 
 namespace gradzip {
 
+bool locally_finite(const at::Tensor& x) {
+  if (x.is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous()) return all_finite(x.data_ptr<float>(), x.numel());
+  return at::isfinite(x).all().item<bool>();
+}
+
 bool finite_on_every_rank(const at::Tensor& x, const c10::intrusive_ptr<c10d::Backend>& transport,
                           const at::Device& transport_device) {
-  const bool finite = x.is_cpu() ? all_finite(x.data_ptr<float>(), x.numel()) : at::isfinite(x).all().item<bool>();
+  const bool finite = locally_finite(x);
   std::vector<at::Tensor> flag = {at::full({1}, finite ? 0 : 1, at::dtype(at::kInt).device(transport_device))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;

@@ -247,7 +247,8 @@ GossipAverage::GossipAverage(const BoundSpec& spec) : StatefulAggregation(spec),
 c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>& tensors,
                                                         const c10d::AllreduceOptions& opts,
                                                         const c10::intrusive_ptr<c10d::Backend>& transport,
-                                                        Stats& stats, const std::string& key) {
+                                                        Stats& stats, const std::string& key,
+                                                        std::optional<bool>) {
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);
@@ -298,7 +299,7 @@ ChocoGossip::ChocoGossip(const BoundSpec& spec)
 c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts,
                                                       const c10::intrusive_ptr<c10d::Backend>& transport,
-                                                      Stats& stats, const std::string& key) {
+                                                      Stats& stats, const std::string& key, std::optional<bool>) {
   TORCH_CHECK(tensors.size() == 1, "gradzip: all_reduce takes one tensor, got ", tensors.size());
   at::Tensor& tensor = tensors.front();
   if (!averaged(tensor, opts)) return exact_allreduce(tensors, opts, transport, stats);

@@ -64,7 +64,7 @@ class GossipAverage final : public StatefulAggregation<GossipState> {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                           const std::string& key) override;
+                                           const std::string& key, std::optional<bool> all_finite) override;
 
  private:
   TopologyCache topologies_;
@@ -76,7 +76,7 @@ class ChocoGossip final : public StatefulAggregation<ChocoState> {
 
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
-                                           const std::string& key) override;
+                                           const std::string& key, std::optional<bool> all_finite) override;
 
  private:
   TopologyCache topologies_;

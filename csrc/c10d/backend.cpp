@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include "aggregate/compressed_allreduce.h"
+#include "aggregate/finite_step.h"
 #include "c10d/call_sequence_identity.h"
 #include "c10d/checked_p2p.h"
 #include "c10d/collective_check.h"
@@ -104,15 +105,23 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::broadcast(std::vector<at::Tensor>
 
 c10::intrusive_ptr<c10d::Work> GradzipBackend::aggregate(const char* op, std::vector<at::Tensor> tensors,
                                                          const CollectiveCall& call, const at::Tensor& named,
-                                                         const Aggregate& run) {
+                                                         const at::Tensor& finite_input, const Aggregate& run) {
   std::string key = identity_->key(named);  // in call order
   std::vector<std::string> expired = identity_->take_expired();
   // Expired keys are forgotten in call order, after the last call that used them.
-  return worker_.submit(tensors, [this, op, call, key = std::move(key), expired = std::move(expired), run]() {
-    check_call(call);
+  return worker_.submit(tensors, [this, op, call, finite_input, key = std::move(key), expired = std::move(expired),
+                                  run]() {
+    std::optional<bool> all_finite;
+    if (check_ && finite_input.defined()) {  // one exchange: the check and the finiteness flag
+      CollectiveCall with_flag = call;
+      with_flag.finite = locally_finite(finite_input) ? 1 : 0;
+      all_finite = check_->verify(with_flag);
+    } else {
+      check_call(call);
+    }
     aggregation_->forget(expired);
     try {
-      run(key)->wait();
+      run(key, all_finite)->wait();
     } catch (const c10::Error& e) {
       TORCH_CHECK(false, "gradzip: ", op, " of the tensor keyed '", key, "' failed on rank ", getRank(), " of ",
                   getSize(), ": ", e.what_without_backtrace());
@@ -128,9 +137,10 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>
   const auto& transport = transport_for(tensors, "all_reduce");
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
-  return aggregate("all_reduce", tensors, call, tensors.front(),
-                   [this, tensors, opts, transport](const std::string& key) mutable {
-                     return aggregation_->allreduce(tensors, opts, transport, stats_, key);
+  const at::Tensor finite_input = aggregation_->agrees_on_finiteness(tensors.front()) ? tensors.front() : at::Tensor();
+  return aggregate("all_reduce", tensors, call, tensors.front(), finite_input,
+                   [this, tensors, opts, transport](const std::string& key, std::optional<bool> all_finite) mutable {
+                     return aggregation_->allreduce(tensors, opts, transport, stats_, key, all_finite);
                    });
 }
 
@@ -233,8 +243,8 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::_reduce_scatter_base(at::Tensor& 
     verify(call);
     return transport->_reduce_scatter_base(output, input, opts);
   }
-  return aggregate("reduce_scatter_tensor", {output}, call, input,
-                   [this, output, input, opts, transport](const std::string& key) mutable {
+  return aggregate("reduce_scatter_tensor", {output}, call, input, at::Tensor(),
+                   [this, output, input, opts, transport](const std::string& key, std::optional<bool>) mutable {
                      return aggregation_->reduce_scatter(output, input, opts, transport, stats_, key);
                    });
 }

@@ -34,7 +34,9 @@ std::string reduce_op_name(int64_t op) {
   return op < static_cast<int64_t>(kNames.size()) ? kNames[op] : "reduce op " + std::to_string(op);
 }
 
-constexpr int kHeader = 7;  // op, dtype, numel, count, shapes_hash, root, reduce_op
+constexpr int kCompared = 7;  // op, dtype, numel, count, shapes_hash, root, reduce_op
+constexpr int kFinite = kCompared;  // then the finiteness flag; then the split sizes
+constexpr int kHeader = kFinite + 1;
 
 std::string describe(const int64_t* f) {
   std::ostringstream out;
@@ -65,12 +67,12 @@ CollectiveCall CollectiveCall::of(std::string op, const std::vector<at::Tensor>&
   return call;
 }
 
-void CollectiveCheck::verify(const CollectiveCall& mine) {
+bool CollectiveCheck::verify(const CollectiveCall& mine) {
   const int width = kHeader + 2 * size_;
   auto local = at::full({width}, -1, at::kLong);
   auto* l = local.data_ptr<int64_t>();
-  const std::array<int64_t, kHeader> header = {op_code(mine.op), mine.dtype, mine.numel, mine.count,
-                                               mine.shapes_hash, mine.root, mine.reduce_op};
+  const std::array<int64_t, kHeader> header = {op_code(mine.op), mine.dtype,     mine.numel,     mine.count,
+                                               mine.shapes_hash, mine.root, mine.reduce_op, mine.finite};
   std::copy(header.begin(), header.end(), l);
   if (!mine.send_counts.empty()) {
     TORCH_CHECK(mine.send_counts.size() == static_cast<size_t>(size_) &&
@@ -90,7 +92,7 @@ void CollectiveCheck::verify(const CollectiveCall& mine) {
 
   auto row = [&](int r) { return f + static_cast<ptrdiff_t>(r) * width; };
   for (int r = 1; r < size_; ++r) {
-    if (!std::equal(row(0), row(0) + kHeader, row(r))) {
+    if (!std::equal(row(0), row(0) + kCompared, row(r))) {
       std::ostringstream msg;
       msg << "gradzip: ranks disagree on a collective: ";
       for (int q = 0; q < size_; ++q) msg << (q ? "; " : "") << "rank " << q << " called " << describe(row(q));
@@ -99,7 +101,9 @@ void CollectiveCheck::verify(const CollectiveCall& mine) {
       TORCH_CHECK(false, msg.str());
     }
   }
-  if (row(0)[kHeader] < 0) return;  // not an all-to-all
+  bool finite = true;
+  for (int r = 0; r < size_; ++r) finite = finite && row(r)[kFinite] != 0;
+  if (row(0)[kHeader] < 0) return finite;  // not an all-to-all
   for (int src = 0; src < size_; ++src) {
     for (int dst = 0; dst < size_; ++dst) {
       const int64_t sent = row(src)[kHeader + dst];
@@ -108,6 +112,7 @@ void CollectiveCheck::verify(const CollectiveCall& mine) {
                   " sends ", sent, " elements to rank ", dst, ", which expects ", expected, " from it");
     }
   }
+  return finite;
 }
 
 }  // namespace gradzip

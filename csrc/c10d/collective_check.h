@@ -25,6 +25,10 @@ struct CollectiveCall {
   int64_t shapes_hash = -1;  // hash of every tensor's numel (lists of several tensors)
   int64_t root = -1;
   int64_t reduce_op = -1;
+  // 1 or 0: whether this rank's input is finite, for an aggregation that must agree on it
+  // (Aggregation::agrees_on_finiteness); it travels with the fingerprint, so that agreeing
+  // costs no exchange of its own. Not compared: ranks may differ.
+  int64_t finite = -1;
   // alltoall only: elements this rank sends to / receives from each rank.
   std::vector<int64_t> send_counts, recv_counts;
 
@@ -38,8 +42,9 @@ class CollectiveCheck {
       : channel_(std::move(channel)), rank_(rank), size_(size) {}
 
   // Returns when every rank made a compatible call; otherwise throws c10::Error
-  // with the same message on every rank.
-  void verify(const CollectiveCall& mine);
+  // with the same message on every rank. Returns false when a rank reported a `finite`
+  // of 0 (the same answer on every rank).
+  bool verify(const CollectiveCall& mine);
 
  private:
   c10::intrusive_ptr<c10d::Backend> channel_;

@@ -122,10 +122,14 @@ class GradzipBackend final : public Backend {
   void check_call(const CollectiveCall& call);
   // Runs `run` (an aggregation's call) under the key the call sequence gives `named`:
   // on the worker, in call order (CUDA tensors on its side stream), with errors naming
-  // `op`, the key and this rank. The Work's future holds `tensors`.
-  using Aggregate = std::function<c10::intrusive_ptr<c10d::Work>(const std::string& key)>;
+  // `op`, the key and this rank. The Work's future holds `tensors`. With a defined
+  // `finite_input` (an input the aggregation agrees_on_finiteness() of), the check carries
+  // whether it is finite and `run` gets every rank's answer; otherwise nullopt.
+  using Aggregate =
+      std::function<c10::intrusive_ptr<c10d::Work>(const std::string& key, std::optional<bool> all_finite)>;
   c10::intrusive_ptr<c10d::Work> aggregate(const char* op, std::vector<at::Tensor> tensors,
-                                           const CollectiveCall& call, const at::Tensor& named, const Aggregate& run);
+                                           const CollectiveCall& call, const at::Tensor& named,
+                                           const at::Tensor& finite_input, const Aggregate& run);
 
   c10::intrusive_ptr<c10d::Backend> cpu_;
   c10::intrusive_ptr<c10d::Backend> cuda_;

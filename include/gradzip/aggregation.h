@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -57,10 +58,20 @@ class Aggregation {
   // `transport` with opts.reduceOp, and adds the bytes it moves to `stats`. `key`
   // names the logical tensor whose state (error feedback) this call uses; every
   // rank must pass the same key. The returned Work completes when the result is in
-  // place; its future holds the tensor list, as c10d's allreduce does.
+  // place; its future holds the tensor list, as c10d's allreduce does. `all_finite`: for
+  // an aggregation that agrees_on_finiteness(), whether every rank's input is finite, as
+  // the caller already agreed with every rank (each rank's locally_finite(), aggregate/
+  // finite_step.h); nullopt: the aggregation agrees on it itself, in an exchange of its own.
   virtual c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
-      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key) = 0;
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key,
+      std::optional<bool> all_finite = std::nullopt) = 0;
+
+  // Whether allreduce() of `tensor` agrees with every rank on whether all inputs are
+  // finite before it touches its state (error feedback must not absorb an Inf). A caller
+  // that exchanges a message per call anyway (the backend's collective check) can carry
+  // each rank's flag in it and pass the answer as `all_finite`, saving an exchange.
+  virtual bool agrees_on_finiteness(const at::Tensor& tensor) const { return false; }
 
   // The same, for a tensor made of `pieces` (their numels add up to its numel): the
   // state of each piece is kept under the piece's key. Aggregations without per-element

@@ -98,14 +98,15 @@ def test_codecs_without_state_carry_inf_and_nan_into_the_result(spec, exchange):
         assert all(torch.isfinite(r).all() for r in skipped), f"rank {rank}: a later step is not finite"
 
 
-def backend_runs(rank, world, spec):
+def backend_runs(rank, world, spec, validate, dtype):
     import gradzip
     gradzip.init_process_group("gloo")
-    skipped = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
-    clean = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
+    options = gradzip.Options(aggregation=spec, validate=validate)
+    skipped = dist.new_group(backend="gradzip", pg_options=options)
+    clean = dist.new_group(backend="gradzip", pg_options=options)
     results = []
     for step in range(STEPS):
-        x = grad(rank, step)
+        x = grad(rank, step).to(dtype)
         if step == BAD_STEP:
             y = spoiled(x, math.inf) if rank == 0 else x.clone()
             dist.all_reduce(y, group=skipped)  # asynchronous on the CPU: wait() is implied by the read
@@ -117,10 +118,17 @@ def backend_runs(rank, world, spec):
     return results
 
 
-@pytest.mark.parametrize("spec", ["stc:density=0.05,exchange=twophase", "topk:density=0.05,exchange=oneshot",
-                                  "sign:exchange=twophase"])
-def test_backend_all_reduce_skips_the_step_for_error_feedback(spec):
-    for rank_results in run_ranks(backend_runs, 2, spec):
+# validate=True: the collective check carries each rank's finiteness flag (one exchange);
+# validate=False: the aggregation agrees on it in an all-reduce of its own.
+@pytest.mark.parametrize("spec, validate, dtype", [
+    ("stc:density=0.05,exchange=twophase", True, torch.float32),
+    ("topk:density=0.05,exchange=oneshot", True, torch.float32),
+    ("sign:exchange=twophase", True, torch.float32),
+    ("stc:density=0.05,exchange=twophase", False, torch.float32),
+    ("topk:density=0.05,exchange=oneshot", True, torch.bfloat16),
+    ("qsgd:bits=4,ef=1", False, torch.float16)])
+def test_backend_all_reduce_skips_the_step_for_error_feedback(spec, validate, dtype):
+    for rank_results in run_ranks(backend_runs, 2, spec, validate, dtype):
         for step, (a, b) in enumerate(rank_results):
             assert torch.isfinite(a).all() and torch.equal(a, b), f"step {step}"
 
