@@ -509,6 +509,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
   const std::shared_ptr<const Codec> codec = codec_for(state);
   ExchangeCall call;
   call.x = input.detach().reshape({n}).to(device, at::kFloat).contiguous();
+  const Hierarchy* hierarchy = hierarchy_of(*transport);
   lock.unlock();
   std::vector<at::Tensor> outputs = {output};
   if (agree_on_finiteness_ && !finite_on_every_rank(call.x, transport, input.device())) {
@@ -528,7 +529,9 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
       device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
 #endif
   at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
-  const int64_t sent = compressed_reduce_scatter(*tensor_codec(codec, device), *codec, call, shard, transport);
+  const auto tensor = tensor_codec(codec, device);
+  const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)
+                                 : compressed_reduce_scatter(*tensor, *codec, call, shard, transport);
   if (unsent.defined()) mask_momentum(state, call, unsent);
   if (majority_) shard.sign_();
   output.copy_(shard.view(output.sizes()));

@@ -80,8 +80,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                                 const c10d::ReduceScatterOptions& opts,
                                                 const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                 const std::string& key) override;
-  // With hierarchy=auto, calls over `transport` take the hierarchical exchange when its
-  // ranks sit in several nodes of several ranks (not for vote=majority or momentum
+  // With hierarchy=auto, all-reduces and compressed reduce-scatters over `transport` go
+  // hierarchical when its ranks sit in several nodes of several ranks (not for vote=majority or momentum
   // correction, whose rules are per rank; they stay flat).
   void use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) override;
   void set_loss_scale(double scale) override;

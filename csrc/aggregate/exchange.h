@@ -168,4 +168,16 @@ const Exchange& exchange_of(ExchangeScheme scheme);
 int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
                                   at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport);
 
+// compressed_reduce_scatter's result over `levels` (with P = its nodes × ranks per node
+// equal chunks of x): an exact fp32 reduce-scatter inside the node, where local rank l
+// gets the node's sum of the chunks of every rank of lane l (summed in local rank order;
+// in the node's shared memory for CPU tensors where it has it), then the compressed
+// reduce-scatter of those among the lane, which leaves each rank its own chunk. The
+// worker residual (x's length) goes into the node's exact sum; what the lane's encode
+// leaves unsent is kept in the residual's rows of the chunks this rank compressed.
+// Returns the bytes this rank sent.
+int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
+                                    const ExchangeCall& call, at::Tensor shard,
+                                    const c10::intrusive_ptr<c10d::Backend>& transport);
+
 }  // namespace gradzip

@@ -60,15 +60,15 @@ class HierarchicalExchange final : public Exchange {
   // The exact stages in the node's shared memory: every rank writes x (plus its worker
   // residual) as its row, sums its shard of every row in local rank order, writes the
   // shard's sum across the nodes into the shared result, and reads the whole result.
-  // Two barriers: rows written before they are read, results before they are read (the
-  // next call's first barrier orders its writes after this call's reads).
+  // Two barriers: rows written before they are read, results before they are read; the
+  // next call writes into the other region (NodeSharedMemory::next_region).
   int64_t through_shared_memory(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
                                 at::Tensor sum) const {
     const int local_ranks = levels_.node->getSize();
     const int local = levels_.node->getRank();
     const int64_t n = call.x.numel();
     const Chunk shard = exchange_chunk(n, local_ranks, local);
-    float* base = reinterpret_cast<float*>(levels_.shared->reserve(4 * ((local_ranks + 1) * n + local_ranks)));
+    float* base = reinterpret_cast<float*>(levels_.shared->next_region(4 * ((local_ranks + 1) * n + local_ranks)));
     const auto shared = [&](int64_t offset, int64_t length) {
       return at::from_blob(base + offset, {length}, at::dtype(at::kFloat));
     };
@@ -148,6 +148,91 @@ class HierarchicalExchange final : public Exchange {
 
 std::unique_ptr<Exchange> hierarchical_exchange(NodeLevels levels, const Exchange& across) {
   return std::make_unique<HierarchicalExchange>(std::move(levels), across);
+}
+
+namespace {
+
+// The chunks (rows of x viewed P × m) of the ranks of lane `local`, node by node.
+std::vector<int64_t> lane_chunks(const NodeLevels& levels, int local) {
+  const int local_ranks = levels.node->getSize();
+  std::vector<int64_t> chunks;
+  for (int k = 0; k < levels.lane->getSize(); ++k) chunks.push_back(levels.ranks[k * local_ranks + local]);
+  return chunks;
+}
+
+at::Tensor index_on(const std::vector<int64_t>& indices, const at::Device& device) {
+  return at::tensor(indices, at::kLong).to(device);
+}
+
+}  // namespace
+
+int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
+                                    const ExchangeCall& call, at::Tensor shard,
+                                    const c10::intrusive_ptr<c10d::Backend>& transport) {
+  const int local_ranks = levels.node->getSize(), nodes = levels.lane->getSize();
+  const int local = levels.node->getRank(), node = levels.lane->getRank();
+  TORCH_CHECK(local_ranks * nodes == transport->getSize() &&
+                  levels.ranks.size() == static_cast<size_t>(transport->getSize()),
+              "gradzip: ", nodes, " nodes of ", local_ranks, " ranks do not make the group's ", transport->getSize());
+  TORCH_CHECK(levels.ranks[node * local_ranks + local] == transport->getRank(), "gradzip: the node levels name rank ",
+              levels.ranks[node * local_ranks + local], " as local rank ", local, " of node ", node, ", which is rank ",
+              transport->getRank());
+  const int64_t m = shard.numel(), n = call.x.numel(), lane_length = nodes * m;
+  const at::Device device = call.x.device();
+  const at::Tensor shard_x = bytes_on(device, 4 * lane_length, Buffer::kShard).view(at::kFloat);
+  const at::Tensor mine = index_on(lane_chunks(levels, local), device);
+  int64_t node_bytes = 0;
+  if (levels.shared && device.is_cpu()) {
+    // Every rank writes x (plus its worker residual) as its row; after one barrier each
+    // sums its lane's chunks of every row. The next call writes into the other region.
+    float* base = reinterpret_cast<float*>(levels.shared->next_region(4 * local_ranks * n));
+    const auto row = [&](int j) { return at::from_blob(base + j * n, {local_ranks * nodes, m}, at::kFloat); };
+    at::Tensor written = row(local).view({n});
+    if (call.worker_residual.defined()) {
+      at::add_out(written, call.x, call.worker_residual);
+    } else {
+      written.copy_(call.x);
+    }
+    levels.shared->barrier();
+    at::Tensor sums = shard_x.view({nodes, m});
+    at::index_select_out(sums, row(0), 0, mine);
+    for (int j = 1; j < local_ranks; ++j) sums.add_(row(j).index_select(0, mine));
+  } else {
+    // An all-to-all of fp32 rows: local rank j gets this rank's chunks of lane j.
+    std::vector<int64_t> by_lane;
+    for (int j = 0; j < local_ranks; ++j) {
+      const std::vector<int64_t> chunks = lane_chunks(levels, j);
+      by_lane.insert(by_lane.end(), chunks.begin(), chunks.end());
+    }
+    const int64_t row_bytes = 4 * lane_length;
+    const at::Tensor rows = bytes_on(device, local_ranks * row_bytes, Buffer::kNodeSend).view(at::kFloat);
+    const at::Tensor x = call.worker_residual.defined() ? call.x + call.worker_residual : call.x;
+    at::Tensor slots = rows.view({local_ranks * nodes, m});
+    at::index_select_out(slots, x.view({local_ranks * nodes, m}), 0, index_on(by_lane, device));
+    Rounds flights(call);
+    flights.start_alltoall(rows.view(at::kByte),
+                           bytes_on(call.transport_device, local_ranks * row_bytes, Buffer::kNodeReceived),
+                           levels.node);
+    const at::Tensor received = flights.finish(0).view(at::kFloat);
+    shard_x.copy_(received.narrow(0, 0, lane_length));
+    for (int j = 1; j < local_ranks; ++j) shard_x.add_(received.narrow(0, j * lane_length, lane_length));
+    node_bytes = (local_ranks - 1) * row_bytes;
+  }
+  // Across the nodes: the lane's compressed reduce-scatter, with a residual of the lane's
+  // chunks (the rest of the worker residual went into the node's sum).
+  ExchangeCall inner = call;
+  inner.x = shard_x;
+  at::Tensor lane_residual;
+  if (call.worker_residual.defined()) {
+    call.worker_residual.zero_();
+    lane_residual = at::zeros({lane_length}, call.worker_residual.options());
+    inner.worker_residual = lane_residual;
+  }
+  const int64_t sent = compressed_reduce_scatter(codec, host, inner, shard, levels.lane);
+  if (lane_residual.defined()) {
+    call.worker_residual.view({local_ranks * nodes, m}).index_copy_(0, mine, lane_residual.view({nodes, m}));
+  }
+  return node_bytes + sent;
 }
 
 }  // namespace gradzip

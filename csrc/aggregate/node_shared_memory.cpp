@@ -27,8 +27,16 @@ NodeSharedMemory::NodeSharedMemory(const std::string& name, c10::intrusive_ptr<c
 }
 
 NodeLevels make_node_levels(c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
-                            const std::optional<std::string>& shared_memory) {
-  NodeLevels levels{node, std::move(lane), nullptr};
+                            std::vector<int64_t> ranks, const std::optional<std::string>& shared_memory) {
+  const int64_t local_ranks = node->getSize(), nodes = lane->getSize();
+  TORCH_CHECK(static_cast<int64_t>(ranks.size()) == local_ranks * nodes, "gradzip: node levels of ", nodes,
+              " nodes of ", local_ranks, " ranks got ", ranks.size(), " ranks");
+  std::vector<int64_t> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (int64_t r = 0; r < local_ranks * nodes; ++r) {
+    TORCH_CHECK(sorted[r] == r, "gradzip: node levels' ranks must hold every rank of the group once");
+  }
+  NodeLevels levels{node, std::move(lane), std::move(ranks), nullptr};
   if (shared_memory) levels.shared = std::make_shared<NodeSharedMemory>(*shared_memory, std::move(node));
   return levels;
 }
@@ -61,6 +69,11 @@ uint8_t* NodeSharedMemory::reserve(int64_t bytes) {
   base_ = static_cast<uint8_t*>(mapped);
   size_ = grown;
   return base_;
+}
+
+uint8_t* NodeSharedMemory::next_region(int64_t bytes) {
+  reserve(2 * bytes);  // the halves move only when it grows, behind its barrier
+  return base_ + (regions_taken_++ % 2) * (size_ / 2);
 }
 
 }  // namespace gradzip

@@ -104,10 +104,11 @@ void bind_aggregation(py::module_& m) {
           "use_node_levels",
           [](DirectAggregation& a, const c10::intrusive_ptr<c10d::Backend>& transport,
              c10::intrusive_ptr<c10d::Backend> node, c10::intrusive_ptr<c10d::Backend> lane,
-             std::optional<std::string> shared_memory) {
-            a.use_node_levels(transport, make_node_levels(node, lane, shared_memory));
+             std::vector<int64_t> ranks, std::optional<std::string> shared_memory) {
+            a.use_node_levels(transport, make_node_levels(node, lane, std::move(ranks), shared_memory));
           },
-          py::arg("transport"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
+          py::arg("transport"), py::arg("node"), py::arg("lane"), py::arg("ranks"),
+          py::arg("shared_memory") = py::none(),
           py::call_guard<py::gil_scoped_release>(),
           "Splits the ranks of `transport` into nodes for the hierarchical exchange (gradzip.node_layout); "
           "collective over the node when `shared_memory` names a shared-memory object.")

@@ -37,13 +37,16 @@ void bind_backend(py::module_& m) {
       .def(
           "use_node_levels",
           [](gradzip::Backend& b, const std::string& device, c10::intrusive_ptr<c10d::Backend> node,
-             c10::intrusive_ptr<c10d::Backend> lane, std::optional<std::string> shared_memory) {
-            b.use_node_levels(c10::Device(device).type(), make_node_levels(node, lane, shared_memory));
+             c10::intrusive_ptr<c10d::Backend> lane, std::vector<int64_t> ranks,
+             std::optional<std::string> shared_memory) {
+            b.use_node_levels(c10::Device(device).type(),
+                              make_node_levels(node, lane, std::move(ranks), shared_memory));
           },
-          py::arg("device"), py::arg("node"), py::arg("lane"), py::arg("shared_memory") = py::none(),
-          py::call_guard<py::gil_scoped_release>(),
+          py::arg("device"), py::arg("node"), py::arg("lane"), py::arg("ranks"),
+          py::arg("shared_memory") = py::none(), py::call_guard<py::gil_scoped_release>(),
           "Splits the ranks of this device's transport into nodes: `node` joins this rank's node, `lane` the "
-          "ranks of the same local index on every node (gradzip.node_layout); `shared_memory` names a POSIX "
+          "ranks of the same local index on every node, `ranks` the group rank of each (node, local rank) "
+          "node by node (gradzip.node_layout); `shared_memory` names a POSIX "
           "shared-memory object for the node's CPU stages (every rank of the node passes the same name).")
       .def(
           "node_levels",

@@ -37,11 +37,14 @@ class NodeSharedMemory;  // aggregate/node_shared_memory.h
 // `node` joins this rank with the others of its node (the fast links), `lane` joins it
 // with the rank of the same local index on every other node (the slow links). Every node
 // holds node->getSize() ranks; this rank is node->getRank() on its node, whose index
-// among the nodes is lane->getRank(). `shared` (optional, CPU tensors): memory the ranks
-// of the node share, which the exact stages then use instead of the node transport.
+// among the nodes is lane->getRank(). `ranks`: the transport rank of local rank l of node
+// k at k·node->getSize() + l (a reduce-scatter must know whose chunk each rank holds).
+// `shared` (optional, CPU tensors): memory the ranks of the node share, which the exact
+// stages then use instead of the node transport.
 struct NodeLevels {
   c10::intrusive_ptr<c10d::Backend> node;
   c10::intrusive_ptr<c10d::Backend> lane;
+  std::vector<int64_t> ranks;
   std::shared_ptr<NodeSharedMemory> shared;
 };
 

@@ -30,8 +30,8 @@ def use_node_levels(aggregation, spec, group, transport, device: torch.device) -
         return
     levels = group_node_levels(group)
     if levels is not None:
-        node, lane, name = levels
-        aggregation.use_node_levels(transport, node, lane, shared_memory=name if shared_memory_wanted() else None)
+        node, lane, ranks, name = levels
+        aggregation.use_node_levels(transport, node, lane, ranks, shared_memory=name if shared_memory_wanted() else None)
 
 
 def transport_of(group, device: torch.device):

@@ -6,7 +6,8 @@ import torch.distributed as dist
 
 from . import mpi
 from ._extension import _C
-from .node_layout import gloo_maker, node_layout, node_transports, shared_memory_name, shared_memory_wanted
+from .node_layout import (gloo_maker, layout_ranks, node_layout, node_transports, shared_memory_name,
+                          shared_memory_wanted)
 from .options import Options
 
 BACKEND_NAME = "gradzip"
@@ -59,9 +60,10 @@ def _create_backend(dist_opts, backend_options):
         levels = node_transports(layout, rank, gloo_maker(store, timeout))
         if levels is not None:
             name = shared_memory_name(store, layout, rank) if shared_memory_wanted() else None
-            backend.use_node_levels("cpu", *levels, shared_memory=name)
+            backend.use_node_levels("cpu", *levels, layout_ranks(layout), shared_memory=name)
             if nccl is not None:
-                backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)))
+                backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)),
+                                        layout_ranks(layout))
     return backend
 
 

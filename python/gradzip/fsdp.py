@@ -24,7 +24,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ._extension import _C
 from .checkpoint import format_1_state, stamped
-from ._transport import transport_of
+from ._transport import transport_of, use_node_levels
 from .options import Spec, bind_spec
 
 
@@ -43,6 +43,7 @@ class State:
         self.spec: Spec = bound
         self.process_group = process_group
         self._aggregation = _C.Aggregation(bound)
+        self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
 
     def stats(self) -> dict:
         """Bytes the reduce-scatters sent since the last reset_stats() ("dense_bytes": a dense fp32 ring's)."""
@@ -66,7 +67,11 @@ class State:
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group) -> None:
         """Reduces `input` (group size × output.numel() elements) into this rank's `output`."""
         group = self.process_group if self.process_group is not None else group
-        self._aggregation.reduce_scatter(output, input, key, op, transport_of(group, input.device))
+        transport = transport_of(group, input.device)
+        if not self._node_levels_asked:  # every rank is in its first call: a collective point
+            self._node_levels_asked = True
+            use_node_levels(self._aggregation, self.spec, group, transport, input.device)
+        self._aggregation.reduce_scatter(output, input, key, op, transport)
 
 
 class CompressedReduceScatter(ReduceScatter):

@@ -72,6 +72,11 @@ def node_transports(layout: list[list[int]], rank: int, make):
     return (make(f"node{node}", layout[node], local), make(f"lane{local}", [ranks[local] for ranks in layout], node))
 
 
+def layout_ranks(layout: list[list[int]]) -> list[int]:
+    """The group rank of each (node, local rank), node by node: NodeLevels' `ranks`."""
+    return [rank for ranks in layout for rank in ranks]
+
+
 def gloo_maker(store, timeout):
     """make() for node_transports: Gloo groups under the group's store."""
     return lambda name, members, index: dist.ProcessGroupGloo(
@@ -95,7 +100,7 @@ def shared_memory_name(store, layout: list[list[int]], rank: int) -> str:
 
 
 def group_node_levels(group):
-    """(node, lane, shared-memory name) made of torch.distributed Gloo groups for this
+    """(node, lane, ranks, shared-memory name) made of torch.distributed Gloo groups for this
     rank of `group` (None: the default group), for the doors that run an aggregation of
     their own (the DDP hook, gradzip.Aggregation); None where the layout has no hierarchy
     to use. Collective over `group`: node identities are all-gathered, then each rank
@@ -120,4 +125,4 @@ def group_node_levels(group):
     name = [f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}" if layout[node][0] == rank else None]
     dist.broadcast_object_list(name, src=dist.get_global_rank(group, layout[node][0]), group=node_group)
     cpu = torch.device("cpu")
-    return node_group._get_backend(cpu), lane_group._get_backend(cpu), name[0]
+    return node_group._get_backend(cpu), lane_group._get_backend(cpu), layout_ranks(layout), name[0]

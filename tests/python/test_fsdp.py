@@ -92,9 +92,10 @@ def backend_checks(rank, world):
     return exact_default, err, stats, said
 
 
-def test_reduce_scatter_every_codec_at_three_ranks():
-    world = 3
-    outs = run_ranks(reduce_scatter_checks, world)
+# 2 nodes × 2 ranks: the compressed reduce-scatter goes hierarchical (exact inside a node).
+@pytest.mark.parametrize("world, env", [(3, None), (4, {"GRADZIP_NODE_SIZE": "2"})])
+def test_reduce_scatter_every_codec(world, env):
+    outs = run_ranks(reduce_scatter_checks, world, env=env)
     for rank_result in outs:
         for (spec, m), (errors, stats) in rank_result.items():
             codec = re.sub(r"[:,](exchange=twophase|rounds=\d+)", "", spec)

@@ -248,3 +248,111 @@ def test_the_aggregation_and_the_hook_take_the_hierarchical_exchange():
             n, local = residual.numel(), rank % 2
             outside = torch.cat([residual[:local * n // 2], residual[(local + 1) * n // 2:]])
             assert torch.count_nonzero(outside) == 0 and torch.count_nonzero(residual) > 0, rank
+
+
+def reduce_scatter_steps(rank, world, spec, m, steps):
+    """Per step, this rank's chunk of the compressed reduce_scatter_tensor over the gradzip
+    backend; the bytes it sent; its state."""
+    import gradzip
+    dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    results = []
+    for step in range(steps):
+        output = torch.empty(m)
+        dist.reduce_scatter_tensor(output, inputs(rank, step, world * m))
+        results.append(output)
+    sent = gradzip.stats()["bytes_sent"]
+    state = backend.state_dict()
+    dist.destroy_process_group()
+    return results, sent, state
+
+
+def node_sums_in_fp16(layout, step, n):
+    """Σ over the nodes of fp16(the node's fp32 sum in local rank order), in float64: what
+    a hierarchical fp16 reduce-scatter sums (exact inside a node, fp16 across)."""
+    total = torch.zeros(n, dtype=torch.float64)
+    for ranks in layout:
+        node_sum = inputs(ranks[0], step, n).clone()
+        for r in ranks[1:]:
+            node_sum += inputs(r, step, n)
+        total += node_sum.half().double()
+    return total
+
+
+@pytest.mark.parametrize("shared", ["1", "0"])
+@pytest.mark.parametrize("world,node_size", [(4, 2), (6, 2), (6, 3)])
+def test_compressed_reduce_scatter_sums_exactly_inside_and_compresses_across(world, node_size, shared):
+    """FSDP's reduce_scatter_tensor, compressed (fp16) through the hierarchical exchange:
+    every rank gets its own chunk of Σ over the nodes of fp16(the node's exact sum), not
+    the flat Σ over the ranks of fp16(input); in shared memory the node's stage is off the
+    wire, so each rank sends less than the flat reduce-scatter."""
+    spec, m = "fp16:reduce_scatter=compressed", 1001
+    env = {"GRADZIP_NODE_SIZE": str(node_size), "GRADZIP_NODE_SHARED_MEMORY": shared}
+    outs = run_ranks(reduce_scatter_steps, world, spec, m, 1, env=env)
+    flat = run_ranks(reduce_scatter_steps, world, spec.replace(":", ":hierarchy=off,"), m, 1, env=env)
+    layout = [list(range(k, k + node_size)) for k in range(0, world, node_size)]
+    expected = node_sums_in_fp16(layout, 0, world * m)
+    for rank, (results, sent, _) in enumerate(outs):
+        mine = expected[rank * m:(rank + 1) * m]
+        assert torch.allclose(results[0].double(), mine, atol=1e-5 * world), (results[0].double() - mine).abs().max()
+        assert not torch.equal(results[0], flat[rank][0][0])  # the flat sum of fp16 inputs differs
+        if shared == "1":
+            assert sent < flat[rank][1], (sent, flat[rank][1])
+
+
+@pytest.mark.parametrize("spec", ["stc:density=0.05", "topk:density=0.05,exchange=twophase", "qsgd:bits=4,ef=1",
+                                  "sign"])
+def test_compressed_reduce_scatter_conserves_what_error_feedback_keeps(spec):
+    """2 nodes × 2 ranks: what the ranks' chunks summed to, plus what every residual holds,
+    is everything the ranks put in; the node stages in shared memory and over Gloo give
+    the same bits."""
+    world, m, steps = 4, 3001, 3
+    spec = f"{spec}{',' if ':' in spec else ':'}reduce_scatter=compressed"
+    outs = run_ranks(reduce_scatter_steps, world, spec, m, steps, env={"GRADZIP_NODE_SIZE": "2"})
+    over_gloo = run_ranks(reduce_scatter_steps, world, spec, m, steps,
+                          env={"GRADZIP_NODE_SIZE": "2", "GRADZIP_NODE_SHARED_MEMORY": "0"})
+    for a, b in zip(outs, over_gloo):
+        assert all(torch.equal(x, y) for x, y in zip(a[0], b[0]))
+    summed = torch.cat([sum(r.double() for r in out[0]) for out in outs])
+    put_in = sum(world_inputs(world, step, world * m) for step in range(steps))
+    states = [out[2] for out in outs]
+    key = next(k.rsplit("/", 1)[0] for k in states[0] if k.endswith("/residual"))
+    held = sum(state[f"{key}/residual"].double() for state in states)
+    assert held.abs().max() > 0
+    assert torch.allclose(summed + held, put_in, atol=2e-3), (summed + held - put_in).abs().max()
+
+
+def reduce_scatter_over_layout(rank, world, layout, m):
+    """A _C.Aggregation given node levels of `layout` (nodes whose ranks are not
+    consecutive): this rank's chunk of the compressed reduce-scatter."""
+    from gradzip import _C
+    from gradzip.node_layout import layout_ranks, node_transports
+    from gradzip.options import bind_spec
+    dist.init_process_group("gloo")
+    cpu = torch.device("cpu")
+
+    def make(_name, members, _index):
+        return dist.new_group(members, backend="gloo", use_local_synchronization=True)._get_backend(cpu)
+
+    transport = dist.group.WORLD._get_backend(cpu)
+    aggregation = _C.Aggregation(bind_spec("fp16"))
+    node, lane = node_transports(layout, rank, make)
+    aggregation.use_node_levels(transport, node, lane, layout_ranks(layout))
+    output = torch.empty(m)
+    aggregation.reduce_scatter(output, inputs(rank, 0, world * m), "x", dist.ReduceOp.SUM, transport)
+    sent = aggregation.stats()["bytes_sent"]
+    dist.destroy_process_group()
+    return output, sent
+
+
+def test_reduce_scatter_gives_each_rank_its_chunk_when_nodes_interleave():
+    """Nodes [0, 2] and [1, 3] (as a cyclic launcher places ranks): each rank still gets
+    its own chunk of the nodes' fp16 sums, through the node stage (bytes on the node
+    transport) and the lane."""
+    world, m, layout = 4, 257, [[0, 2], [1, 3]]
+    outs = run_ranks(reduce_scatter_over_layout, world, layout, m)
+    exact = node_sums_in_fp16(layout, 0, world * m)
+    for rank, (output, sent) in enumerate(outs):
+        mine = exact[rank * m:(rank + 1) * m]
+        assert torch.allclose(output.double(), mine, atol=1e-5 * world), (output.double() - mine).abs().max()
+        assert sent > 0
