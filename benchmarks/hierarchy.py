@@ -1,5 +1,6 @@
-"""all_reduce across nodes: the flat exchange against the hierarchical one, with Gloo
-dense as the baseline, on a two-level network, and the cost model's predictions.
+"""all_reduce (or, with --op reduce_scatter, FSDP's reduce_scatter_tensor) across nodes:
+the flat exchange against the hierarchical one, with Gloo dense as the baseline, on a
+two-level network, and the cost model's predictions (all_reduce only).
 
     sudo benchmarks/netns.sh --ranks 4 --nodes 2 --rate 1gbit -- .venv/bin/python benchmarks/hierarchy.py
     GRADZIP_NODE_SIZE=2 torchrun --standalone --nproc-per-node 4 benchmarks/hierarchy.py --quick
@@ -158,10 +159,14 @@ def run(args):
                          "(netns.sh --nodes, or GRADZIP_NODE_SIZE)")
     gloo = dist.new_group(backend="gloo")
     rate = rate_bits(args.rate or os.environ.get("GRADZIP_NETWORK"))
+    scatter = args.op == "reduce_scatter"
     rows = []
     for numel in args.numel:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
+        out = torch.empty(numel // world)
+        x = x[:out.numel() * world]
         for spec in args.specs:
+            spec = with_key(spec, "reduce_scatter=compressed") if scatter else spec
             groups = {"flat": dist.new_group(backend="gradzip",
                                              pg_options=gradzip.Options(aggregation=with_key(spec, "hierarchy=off"))),
                       "hierarchical": dist.new_group(backend="gradzip",
@@ -175,7 +180,8 @@ def run(args):
                 for method, group in methods.items():
                     y = x.clone()
                     before = tx_bytes()
-                    seconds = time_call(lambda: dist.all_reduce(y, group=group), group)
+                    seconds = time_call(lambda: dist.reduce_scatter_tensor(out, y, group=group) if scatter
+                                        else dist.all_reduce(y, group=group), group)
                     after = tx_bytes()
                     if repetition > 0:
                         times[method].append(seconds)
@@ -187,9 +193,9 @@ def run(args):
                 slowest = {m: max(g[0][m] for g in gathered) for m in methods}
                 local_zero = range(0, world, per_node)  # each node's local rank 0 counted its link
                 link = {m: sum(gathered[r][1][m] for r in local_zero) / args.repetitions / nodes for m in methods}
-                rows.append({"spec": spec, "numel": numel, "seconds": slowest,
+                rows.append({"spec": spec, "numel": numel, "op": args.op, "seconds": slowest,
                              "link_bytes_per_node": link if tx_bytes() is not None else None,
-                             "model_bytes_per_node": node_egress_bytes(spec, numel, nodes, per_node)})
+                             "model_bytes_per_node": None if scatter else node_egress_bytes(spec, numel, nodes, per_node)})
             for group in groups.values():
                 dist.destroy_process_group(group)
     # The copy bandwidth a rank gets while every rank copies, then rank 0's alone.
@@ -200,22 +206,22 @@ def run(args):
         codec = measured_codec()
         bandwidth = copy_bandwidth(min(args.numel))
         sharing = max(1.0, bandwidth / together)
-        print(f"hierarchy.py: {nodes} nodes x {per_node} ranks, network: {os.environ.get('GRADZIP_NETWORK', 'loopback')}; "
+        print(f"hierarchy.py: {args.op}, {nodes} nodes x {per_node} ranks, network: {os.environ.get('GRADZIP_NETWORK', 'loopback')}; "
               f"copy {bandwidth / 1e9:.1f} GB/s alone, {together / 1e9:.1f} GB/s per rank together")
         print(f"{'spec':22s} {'n':>10s} {'gloo s':>8s} {'flat s':>8s} {'hier s':>8s} {'hier/flat':>9s} "
               f"{'x gloo':>7s} {'link MB flat':>12s} {'link MB hier':>12s} {'model flat':>10s} {'model hier':>10s}")
         for row in rows:
             s = row["seconds"]
             link = row["link_bytes_per_node"] or {}
-            model = row["model_bytes_per_node"]
-            if rate:
+            model = row["model_bytes_per_node"] or {"flat": float("nan"), "hierarchical": float("nan")}
+            if rate and not scatter:  # the model is the all-reduce's
                 row["predicted_seconds"] = predict_seconds(row["spec"], row["numel"], nodes, per_node, rate, codec,
                                                            bandwidth, sharing)
             print(f"{row['spec']:22s} {row['numel']:10d} {s['gloo']:8.3f} {s['flat']:8.3f} {s['hierarchical']:8.3f} "
                   f"{s['flat'] / s['hierarchical']:9.2f} {s['gloo'] / s['hierarchical']:7.2f} "
                   f"{link.get('flat', float('nan')) / 1e6:12.2f} {link.get('hierarchical', float('nan')) / 1e6:12.2f} "
                   f"{model['flat'] / 1e6:10.2f} {model['hierarchical'] / 1e6:10.2f}")
-            if rate:
+            if rate and not scatter:
                 p = row["predicted_seconds"]
                 print(f"{'  predicted':22s} {'':10s} {p['gloo']:8.3f} {p['flat']:8.3f} {p['hierarchical']:8.3f}")
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
@@ -254,6 +260,9 @@ def main():
     parser.add_argument("--numel", type=lambda s: [int(float(v)) for v in s.split(",")], default=[DEFAULT_NUMEL])
     parser.add_argument("--specs", type=lambda s: s.split(";"), default=SPECS)
     parser.add_argument("--repetitions", type=int, default=3)
+    parser.add_argument("--op", choices=["all_reduce", "reduce_scatter"], default="all_reduce",
+                        help="the collective: all_reduce, or FSDP's reduce_scatter_tensor (reduce_scatter=compressed; "
+                             "no model)")
     parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition")
     parser.add_argument("--rate", default=None, help="the link rate between nodes (default: netns.sh's)")
     parser.add_argument("--predict", default=None, help="NxL: print the model's wire times for N nodes of L ranks")
