@@ -318,6 +318,13 @@ def test_hierarchy_benchmark_quick_and_its_model(tmp_path):
     assert done.returncode == 0, done.stderr
     row = next(line.split() for line in done.stdout.splitlines() if line.startswith("qsgd:bits=4"))
     assert float(row[4]) > 4, done.stdout  # flat/hier: L = 8 minus the ring's own (P-1)/(N-1) share
+    done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "4", str(ROOT / "benchmarks/hierarchy.py"),
+                           "--quick", "--op", "reduce_scatter", "--specs", "fp16", "--json", str(tmp_path / "r.json")],
+                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    row, = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert row["spec"] == "fp16:reduce_scatter=compressed" and row["op"] == "reduce_scatter"
+    assert all(row["seconds"][m] > 0 for m in ("gloo", "flat", "hierarchical"))
 
 
 def test_codecs_benchmark_quick(tmp_path):
