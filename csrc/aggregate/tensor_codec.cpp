@@ -3,6 +3,9 @@
 #include <c10/util/Exception.h>
 
 #include <cstring>
+#include <vector>
+
+#include "codec/codec_base.h"
 
 #ifdef GRADZIP_WITH_CUDA
 #include "aggregate/device_codec_glue.h"
@@ -14,7 +17,8 @@ namespace {
 // The codec's CPU code on CPU tensors.
 class HostTensorCodec final : public TensorCodec {
  public:
-  explicit HostTensorCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
+  explicit HostTensorCodec(std::shared_ptr<const Codec> codec)
+      : codec_(std::move(codec)), elementwise_(dynamic_cast<const ElementwiseCodec*>(codec_.get())) {}
 
   int64_t slot_bytes(int64_t n) const override { return gradzip::slot_bytes(*codec_, n); }
   std::unique_ptr<TensorCodec> part(int64_t, int64_t) const override {
@@ -33,15 +37,24 @@ class HostTensorCodec final : public TensorCodec {
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
     sum.zero_();
     const uint8_t* base = slots.data_ptr<uint8_t>();
+    std::vector<size_t> sizes(rows);
     for (int r = 0; r < rows; ++r) {
-      const uint8_t* slot = base + r * stride;
       uint64_t declared;
-      std::memcpy(&declared, slot, 8);
-      const size_t size = slot_payload_size(declared, stride, r);
+      std::memcpy(&declared, base + r * stride, 8);
+      sizes[r] = slot_payload_size(declared, stride, r);
+    }
+    const auto payload = [&](int r) { return base + r * stride + kSlotHeaderBytes; };
+    const auto raise = [](int r, const PayloadError& e) { throw SlotError(r, e.what()); };
+    float* out = sum.data_ptr<float>();
+    if (elementwise_ && rows > 1) {  // range by range: `sum` read and written once
+      return add_rows_by_range(*elementwise_, rows, payload, [&](int r) { return sizes[r]; }, out, sum.numel(),
+                               scale, raise);
+    }
+    for (int r = 0; r < rows; ++r) {
       try {
-        codec_->decode_add(slot + kSlotHeaderBytes, size, sum.data_ptr<float>(), sum.numel(), scale);
+        codec_->decode_add(payload(r), sizes[r], out, sum.numel(), scale);
       } catch (const PayloadError& e) {
-        throw SlotError(r, e.what());
+        raise(r, e);
       }
     }
   }
@@ -59,6 +72,7 @@ class HostTensorCodec final : public TensorCodec {
 
  private:
   std::shared_ptr<const Codec> codec_;
+  const ElementwiseCodec* elementwise_;  // codec_, when it decodes ranges; else null
 };
 
 }  // namespace

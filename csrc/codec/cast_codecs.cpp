@@ -13,9 +13,9 @@ namespace {
 
 // A codec that sends every element: its payload is the header and the values, which
 // write() puts through a wire::Writer, appended to a vector or in an exchange's slot.
-class CastCodec : public ValueCodec {
+class CastCodec : public ElementwiseCodec {
  public:
-  using ValueCodec::ValueCodec;
+  using ElementwiseCodec::ElementwiseCodec;
   bool biased() const final { return false; }
   bool reencodes_losslessly() const final { return true; }
   size_t encode_into(const float* x, int64_t n, float* residual, const EncodeContext&, uint8_t* out,
@@ -40,9 +40,10 @@ class IdentityCodec final : public CastCodec {
   using CastCodec::CastCodec;
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 4; }
 
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+  void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
+                        float scale) const override {
     wire::Reader r(data, size, "identity");
-    wire::add_floats(r.at(read_cast_layout(r, id(), n)), n, scale, out);
+    wire::add_floats(r.at(read_cast_layout(r, id(), n)) + 4 * begin, end - begin, scale, out + begin);
   }
 
  protected:
@@ -82,14 +83,17 @@ class HalfCodec final : public CastCodec {
   using CastCodec::CastCodec;
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 2; }
 
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+  void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
+                        float scale) const override {
     wire::Reader r(data, size, kId == CodecId::kFp16 ? "fp16" : "bf16");
-    const uint8_t* values = r.at(read_cast_layout(r, id(), n));
-    int64_t i = kId == CodecId::kFp16 && kHasF16c ? add_half_f16c(values, n, scale, out) : 0;
-    for (; i < n; ++i) {
+    const uint8_t* values = r.at(read_cast_layout(r, id(), n)) + 2 * begin;
+    float* target = out + begin;
+    const int64_t length = end - begin;
+    int64_t i = kId == CodecId::kFp16 && kHasF16c ? add_half_f16c(values, length, scale, target) : 0;
+    for (; i < length; ++i) {
       uint16_t h;
       std::memcpy(&h, values + 2 * i, 2);
-      out[i] += scale * From16(h);
+      target[i] += scale * From16(h);
     }
   }
 

@@ -36,10 +36,10 @@ QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class QsgdCodec final : public ValueCodec {
+class QsgdCodec final : public ElementwiseCodec {
  public:
   explicit QsgdCodec(const CodecParameters& p)
-      : ValueCodec(p), levels_(p.levels), bucket_(p.bucket), max_norm_(p.max_norm) {}
+      : ElementwiseCodec(p), levels_(p.levels), bucket_(p.bucket), max_norm_(p.max_norm) {}
   bool biased() const override { return false; }
   size_t max_payload_bytes(int64_t n) const override {
     const uint64_t buckets = (static_cast<uint64_t>(n) + bucket_ - 1) / bucket_;
@@ -47,20 +47,21 @@ class QsgdCodec final : public ValueCodec {
            wire::bytes_for_bits(static_cast<uint64_t>(n) * qsgd_code_width(levels_));
   }
 
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+  void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t from, int64_t to,
+                        float scale) const override {
     wire::Reader r(data, size, "qsgd");
     const QsgdLayout layout = read_qsgd_layout(r, n);
     const int width = layout.width;
-    const uint32_t levels = layout.levels, bucket = layout.bucket;
-    const uint64_t buckets = layout.buckets;
+    const uint32_t levels = layout.levels;
+    const int64_t bucket = layout.bucket;
     const uint8_t* norms = r.at(layout.norms);
     const uint8_t* packed = r.at(layout.codes);
-    std::vector<uint16_t> codes(std::min<int64_t>(n, bucket));
+    std::vector<uint16_t> codes;
     const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
-    for (uint64_t b = 0; b < buckets; ++b) {
+    for (int64_t b = from / bucket; b * bucket < to; ++b) {  // each bucket's part of [from, to)
       float bucket_norm;
       std::memcpy(&bucket_norm, norms + 4 * b, 4);
-      const int64_t begin = static_cast<int64_t>(b * bucket), length = std::min<int64_t>(bucket, n - begin);
+      const int64_t begin = std::max(from, b * bucket), length = std::min(to, (b + 1) * bucket) - begin;
       if (width == 4 && begin % 2 == 0) {  // whole bytes: one pass, by table
         if (!add_bucket_by_table(packed + begin / 2, length, levels, scale * bucket_norm,
                                  out + begin)) {
@@ -68,6 +69,7 @@ class QsgdCodec final : public ValueCodec {
         }
         continue;
       }
+      codes.resize(length);
       unpack_bucket(packed, begin, length, width, codes.data());
       uint32_t highest = 0;  // checked apart from the arithmetic, so both loops vectorize
       for (int64_t i = 0; i < length; ++i) highest = std::max<uint32_t>(highest, codes[i] & (sign_bit - 1));

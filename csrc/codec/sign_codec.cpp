@@ -19,9 +19,9 @@ SignLayout read_sign_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class SignCodec final : public ValueCodec {
+class SignCodec final : public ElementwiseCodec {
  public:
-  explicit SignCodec(const CodecParameters& p) : ValueCodec(p), block_(p.block) {}
+  explicit SignCodec(const CodecParameters& p) : ElementwiseCodec(p), block_(p.block) {}
   bool biased() const override { return !parameters_.majority; }
   bool carries_non_finite() const override { return !parameters_.majority; }
   size_t max_payload_bytes(int64_t n) const override {
@@ -29,25 +29,23 @@ class SignCodec final : public ValueCodec {
     return kPayloadHeaderBytes + 4 + blocks * 4 + wire::bytes_for_bits(n);
   }
 
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+  void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
+                        float scale) const override {
     wire::Reader r(data, size, "sign");
     const SignLayout layout = read_sign_layout(r, n);
-    const uint32_t block = layout.block;
-    const uint64_t blocks = layout.blocks;
     const uint8_t* scales = r.at(layout.scales);
     const uint8_t* bits = r.at(layout.bits);
-    if (!block) return bitpack::add_signs(bits, n, scale, -scale, out);
-    for (uint64_t b = 0; b < blocks; ++b) {
+    // Each part from a byte boundary goes by bytes; the others element by element.
+    const auto add = [&](int64_t from, int64_t to, float plus, float minus) {
+      if (from % 8 == 0) return bitpack::add_signs(bits + from / 8, to - from, plus, minus, out + from);
+      for (int64_t i = from; i < to; ++i) out[i] += ((bits[i / 8] >> (i % 8)) & 1) ? plus : minus;
+    };
+    if (!layout.block) return add(begin, end, scale, -scale);
+    const int64_t block = layout.block;
+    for (int64_t b = begin / block; b * block < end; ++b) {
       float s;
       std::memcpy(&s, scales + 4 * b, 4);
-      const int64_t begin = static_cast<int64_t>(b * block);
-      const int64_t length = std::min<int64_t>(block, n - begin);
-      // Blocks start on byte boundaries when block % 8 == 0; otherwise go element by element.
-      if (begin % 8 == 0) {
-        bitpack::add_signs(bits + begin / 8, length, scale * s, scale * -s, out + begin);
-      } else {
-        for (int64_t i = begin; i < begin + length; ++i) out[i] += ((bits[i / 8] >> (i % 8)) & 1) ? scale * s : scale * -s;
-      }
+      add(std::max(begin, b * block), std::min(end, (b + 1) * block), scale * s, scale * -s);
     }
   }
 

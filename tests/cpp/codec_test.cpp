@@ -12,6 +12,7 @@
 #include <random>
 #include <set>
 
+#include "codec/codec_base.h"
 #include "codec/codec_record.h"
 #include "codec/element_math.cuh"
 
@@ -374,6 +375,49 @@ TEST(CodecTest, QsgdDecodePathsAgreeAndRefuseHighLevels) {
     } catch (const PayloadError& e) {
       EXPECT_NE(std::string(e.what()).find("level"), std::string::npos) << e.what();
     }
+  }
+}
+
+// The element-wise codecs sum several payloads range by range (add_rows_by_range): the
+// bits of decode_add() of each payload in turn, at sizes around the range's length, with
+// blocks and buckets that straddle ranges and odd bit offsets; a bad payload is named.
+TEST(CodecTest, RowsByRangeAreTheRowsOneAfterAnother) {
+  const int rows = 5;
+  for (const std::string spec : {"identity", "fp16", "bf16", "sign", "sign:block=100", "sign:block=4096",
+                                 "sign:block=0", "qsgd:bits=4", "qsgd:levels=5,bucket=33", "qsgd:bits=3,bucket=100",
+                                 "qsgd:bits=8,bucket=5000", "qsgd:levels=100,bucket=7"}) {
+    const auto codec = make_codec(parse_spec(spec));
+    const auto* elementwise = dynamic_cast<const ElementwiseCodec*>(codec.get());
+    ASSERT_NE(elementwise, nullptr) << spec;
+    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, kDecodeRange - 1, kDecodeRange, kDecodeRange + 1,
+                            3 * kDecodeRange + 13}) {
+      std::vector<std::vector<uint8_t>> payloads;
+      for (int r = 0; r < rows; ++r) {
+        payloads.push_back(encode(spec, random_input(n, 100 * r + 7, r + 1.0f), nullptr, {1, 0, static_cast<uint32_t>(r)}));
+      }
+      std::vector<float> one_by_one = random_input(n, 99), by_range = one_by_one;
+      for (const auto& payload : payloads) {
+        codec->decode_add(payload.data(), payload.size(), one_by_one.data(), n, 0.25f);
+      }
+      add_rows_by_range(
+          *elementwise, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
+          by_range.data(), n, 0.25f, [](int r, const PayloadError& e) { FAIL() << r << ": " << e.what(); });
+      ASSERT_EQ(std::memcmp(one_by_one.data(), by_range.data(), 4 * n), 0) << spec << " n " << n;
+    }
+    std::vector<std::vector<uint8_t>> payloads(rows, encode(spec, random_input(100, 3)));
+    payloads[3].pop_back();  // truncated: row 3 is named
+    std::vector<float> out(100, 0.0f);
+    int named = -1;
+    try {
+      add_rows_by_range(
+          *elementwise, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
+          out.data(), 100, 1.0f, [&](int r, const PayloadError& e) {
+            named = r;
+            throw e;
+          });
+    } catch (const PayloadError&) {
+    }
+    EXPECT_EQ(named, 3) << spec;
   }
 }
 
