@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${GRADZIP_VENV:-$(pwd)/.venv}
 BUILD=build-sanitize
-SELECT="test_every_codec_in_both_exchanges and twophase or aggregation_returns_nan and stc or ddp_hook or choco_keeps or every_collective_matches_gloo and 3 or every_pattern_in_every_order and 3 or any_source_and_named or announcement_past_the_bound or every_layout_sums_exactly and 4-2 or keeps_a_residual_for_its_shard or the_backend_follows_the_loss_scale or layers_in_the_two_phase_exchange and sign or selects_within_each_parameter and topk"
+SELECT="test_every_codec_in_both_exchanges and twophase or aggregation_returns_nan and stc or ddp_hook or choco_keeps or every_collective_matches_gloo and 3 or every_pattern_in_every_order and 3 or any_source_and_named or announcement_past_the_bound or every_layout_sums_exactly and 4-2 or keeps_a_residual_for_its_shard or reduce_scatter_sums_exactly_inside and 4-2 or the_backend_follows_the_loss_scale or layers_in_the_two_phase_exchange and sign or selects_within_each_parameter and topk"
 [ "${1:-}" != "-k" ] || SELECT=$2
 
 cmake -S . -B "$BUILD" -G Ninja -DGRADZIP_SANITIZE=ON -DGRADZIP_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
