@@ -18,6 +18,7 @@ unchanged and the buffers are not averaged (each rank keeps its own).
 state_dict() holds what a resumed job needs besides the model and the inner optimizer:
 θ_start, the outer optimizer, the step counter and the aggregation's error feedback.
 """
+import copy
 import warnings
 
 import torch
@@ -91,9 +92,11 @@ class DiLoCo:
         return {k: a[k] + b[k] for k in a}
 
     def state_dict(self) -> dict:
+        """A snapshot: later steps do not change it (the outer optimizer's state is copied,
+        where a torch optimizer's own state_dict() holds its live buffers)."""
         return stamped({"spec": str(self.aggregation.spec), "local_steps": self.local_steps, "steps": self.steps,
                         "start": {name: t.clone() for (name, _), t in zip(self._params, self._start)},
-                        "outer_optimizer": self.outer_optimizer.state_dict(),
+                        "outer_optimizer": copy.deepcopy(self.outer_optimizer.state_dict()),
                         "aggregation": self.aggregation.state_dict()})
 
     def load_state_dict(self, state: dict) -> None:

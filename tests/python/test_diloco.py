@@ -68,7 +68,9 @@ def diloco_checks(rank, world):
     for step in range(2 * H):
         inner_steps(model, inner, rank, step, 1)
         outer.step()
-    saved = copy.deepcopy((model.state_dict(), inner.state_dict(), outer.state_dict()))
+    # DiLoCo's state_dict is a snapshot of its own: not deep-copied here, later steps must
+    # not change it (its outer momentum buffers are live tensors in torch's optimizer).
+    saved = (*copy.deepcopy((model.state_dict(), inner.state_dict())), outer.state_dict())
     for step in range(2 * H, 4 * H):
         inner_steps(model, inner, rank, step, 1)
         outer.step()
