@@ -163,8 +163,9 @@ def run(args):
     rows = []
     for numel in args.numel:
         x = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
-        out = torch.empty(numel // world)
-        x = x[:out.numel() * world]
+        out = torch.empty(numel // world)  # reduce_scatter: the input is `world` such chunks
+        if scatter:
+            x = x[:out.numel() * world]
         for spec in args.specs:
             spec = with_key(spec, "reduce_scatter=compressed") if scatter else spec
             groups = {"flat": dist.new_group(backend="gradzip",
