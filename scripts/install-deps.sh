@@ -6,7 +6,7 @@ set -euo pipefail
 VENV=${GRADZIP_VENV:-$(pwd)/.venv}
 # clang and its runtime libraries: the libFuzzer targets (tests/fuzz/fuzz.sh). zfp, zstd and blosc:
 # the error-bounded codecs and the lossless stage.
-APT_PACKAGES=(g++ cmake ninja-build ccache libgtest-dev openmpi-bin libopenmpi-dev dataset-fashion-mnist
+APT_PACKAGES=(g++ cmake ninja-build ccache libgtest-dev openmpi-bin libopenmpi-dev mpich libmpich-dev pkgconf dataset-fashion-mnist
               iproute2 clang libclang-rt-14-dev libzfp-dev libzstd-dev libblosc-dev)
 
 missing=()

@@ -7,6 +7,7 @@
 #include <limits>
 #include <thread>
 
+#include "transport/tag_space.h"
 #include "work/future_work.h"
 
 namespace gradzip {
@@ -31,9 +32,10 @@ std::exception_ptr error(const std::string& what) {
   return std::make_exception_ptr(c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, what));
 }
 
-void check_tag(int tag, const char* op) {
-  TORCH_CHECK(tag >= 0 && tag < kDataTagOffset, "gradzip: checked ", op, " takes tags 0..", kDataTagOffset - 1,
-              ", got ", tag, " (a message's data travels on its tag + ", kDataTagOffset, ")");
+void check_tag(const c10d::Backend& transport, int tag, const char* op) {
+  const int offset = data_tag_offset(transport);
+  TORCH_CHECK(tag >= 0 && tag < offset, "gradzip: checked ", op, " over ", transport.getBackendName(),
+              " takes tags 0..", offset - 1, ", got ", tag, " (a message's data travels on its tag + ", offset, ")");
 }
 
 // Removes and returns the first element of `queue` that `fits`, or null.
@@ -78,17 +80,20 @@ class SendWork final : public c10d::Work {
 
 }  // namespace
 
+int data_tag_offset(const c10d::Backend& transport) { return largest_tag(transport) / 2 + 1; }
+
 bool drainable_announcement(int64_t announced, int64_t expected) {
   return announced <= kDrainSlack || (announced - kDrainSlack + 3) / 4 <= expected;
 }
 
 c10::intrusive_ptr<c10d::Work> checked_send(const c10::intrusive_ptr<c10d::Backend>& transport, at::Tensor tensor,
                                             int dst_rank, int tag) {
-  check_tag(tag, "send");
+  check_tag(*transport, tag, "send");
   std::vector<at::Tensor> header = {header_of(tensor)};
   auto header_work = transport->send(header, dst_rank, tag);
   std::vector<at::Tensor> data = {std::move(tensor)};
-  return c10::make_intrusive<SendWork>(std::move(header_work), transport->send(data, dst_rank, tag + kDataTagOffset));
+  auto data_work = transport->send(data, dst_rank, tag + data_tag_offset(*transport));
+  return c10::make_intrusive<SendWork>(std::move(header_work), std::move(data_work));
 }
 
 struct CheckedReceives::Receive {
@@ -125,7 +130,7 @@ c10::intrusive_ptr<c10d::Work> CheckedReceives::recv(const c10::intrusive_ptr<c1
   TORCH_CHECK(tensor.layout() == at::kStrided, "gradzip: recv needs a dense (strided) tensor, not ", tensor.layout());
   TORCH_CHECK(src_rank < transport->getSize(), "gradzip: recv from rank ", src_rank, " in a group of ",
               transport->getSize());
-  check_tag(tag, "recv");
+  check_tag(*transport, tag, "recv");
   auto receive = std::make_shared<Receive>(Receive{transport, std::move(tensor), src_rank < 0 ? -1 : src_rank, tag});
   Done done;
   std::chrono::milliseconds timeout;
@@ -257,7 +262,7 @@ void CheckedReceives::take(const Header& header, const std::shared_ptr<Receive>&
   std::vector<at::Tensor> buffer = {into};
   c10::intrusive_ptr<c10d::Work> work;
   try {
-    work = receive->transport->recv(buffer, source, receive->tag + kDataTagOffset);
+    work = receive->transport->recv(buffer, source, receive->tag + data_tag_offset(*receive->transport));
   } catch (const std::exception&) {
     const auto failure = std::current_exception();
     done.push_back([receive, failure] { finish(receive, failure); });

@@ -4,7 +4,7 @@
 // Why checked: Gloo takes a recv larger than the send as complete (the tail keeps its
 // old contents), aborts the whole process on a smaller one, and reinterprets the bytes
 // when the dtypes differ. So a message is two: a header on the message's tag (magic,
-// dtype, element count; three int64s) and the data on tag + kDataTagOffset. A receive
+// dtype, element count; three int64s) and the data on tag + data_tag_offset(). A receive
 // takes a header first: on a match it receives the data into the tensor; on a mismatch
 // it drains the data into a scratch buffer of the announced size (the stream between
 // the two ranks stays in step) and fails, naming both sides. Headers and data never
@@ -27,7 +27,7 @@
 // round trip per message, as Gloo's own); on other transports a header receive is posted
 // only for a receive that wants one, since their receives time out by themselves.
 //
-// Limits: tags 0 .. kDataTagOffset - 1. A peer may announce at most 4 x the receive's
+// Limits: tags 0 .. data_tag_offset() - 1. A peer may announce at most 4 x the receive's
 // bytes + 1 MiB (the scratch a mismatch drains into is bounded by that); a larger
 // announcement, a corrupt header or a message without a header fails the receive and
 // every later receive from that rank on that tag (the stream is out of step; the
@@ -50,7 +50,9 @@
 
 namespace gradzip {
 
-constexpr int kDataTagOffset = 1 << 30;
+// Where a message's data travels: on its tag + this offset, half of the transport's tag
+// space (Gloo and Open MPI: 2^30; MPICH: 2^27). User tags run 0 .. offset - 1.
+int data_tag_offset(const c10d::Backend& transport);
 
 c10::intrusive_ptr<c10d::Work> checked_send(const c10::intrusive_ptr<c10d::Backend>& transport, at::Tensor tensor,
                                             int dst_rank, int tag);

@@ -23,12 +23,20 @@ def drain(group, device: torch.device):
 def use_node_levels(aggregation, spec, group, transport, device: torch.device) -> None:
     """Gives a door's own aggregation (a _C.Aggregation) the hierarchical exchange's node
     and lane groups for `transport` when its spec uses them and the group's ranks sit in
-    several nodes (CPU tensors; CUDA ones stay flat at these doors). Collective over
-    `group`: every rank calls it at the same point."""
+    several nodes (CPU tensors; CUDA ones stay flat at these doors): MPI sub-communicators
+    when `transport` is the MPI transport, else Gloo groups. Collective over `group`: every
+    rank calls it at the same point."""
     from .node_layout import group_node_levels, shared_memory_wanted
     if not spec.uses_node_levels or device.type != "cpu":
         return
-    levels = group_node_levels(group)
+    if hasattr(_C, "MpiBackend") and isinstance(transport, _C.MpiBackend):
+        from .mpi import node_levels
+        group = group if group is not None else dist.group.WORLD
+        size = dist.get_world_size(group)
+        levels = node_levels(transport, dist.get_rank(group), size,
+                             [dist.get_global_rank(group, r) for r in range(size)], transport.timeout)
+    else:
+        levels = group_node_levels(group)
     if levels is not None:
         node, lane, ranks, name = levels
         aggregation.use_node_levels(transport, node, lane, ranks, shared_memory=name if shared_memory_wanted() else None)

@@ -54,8 +54,13 @@ def _create_backend(dist_opts, backend_options):
             nccl.bound_device_id = bound
     backend = _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
     # The hierarchical exchange's node and lane transports, when the ranks sit in several
-    # nodes (not over MPI: its transport has no sub-communicators yet).
-    if spec.uses_node_levels and not over_mpi:
+    # nodes: MPI sub-communicators over MPI, else Gloo groups under the group's store.
+    if spec.uses_node_levels and over_mpi:
+        levels = mpi.node_levels(cpu, rank, size, dist_opts.global_ranks_in_group, timeout)
+        if levels is not None:
+            node, lane, ranks, name = levels
+            backend.use_node_levels("cpu", node, lane, ranks, shared_memory=name if shared_memory_wanted() else None)
+    elif spec.uses_node_levels:
         layout = node_layout(store, rank, size)
         levels = node_transports(layout, rank, gloo_maker(store, timeout))
         if levels is not None:

@@ -29,9 +29,9 @@ class Options:
         tensors of the same dtype and size (one small allgather), so a mismatch is an
         error on every rank instead of an aborted process or a hang. Default:
         ``$GRADZIP_VALIDATE``, else on.
-    transport: what carries CPU tensors: ``"mpi"`` (gradzip.mpi, over Open MPI) or
-        ``"gloo"``. Default: ``$GRADZIP_TRANSPORT``, else ``"mpi"`` under Open MPI's
-        mpirun when the MPI transport is built, else ``"gloo"``.
+    transport: what carries CPU tensors: ``"mpi"`` (gradzip.mpi, over the Open MPI or
+        MPICH the build links) or ``"gloo"``. Default: ``$GRADZIP_TRANSPORT``, else
+        ``"mpi"`` when that MPI's launcher started the job, else ``"gloo"``.
     """
 
     aggregation: Union[str, Spec, None] = None

@@ -9,15 +9,18 @@ conformance   every collective over the MPI transport against the same call over
 ddp           DDP over gradzip-on-MPI bitwise equal to DDP over Gloo (two ranks)
 compressed    compressed aggregations (both exchanges), gossip and CHOCO over MPI: bitwise
               equal to the same over Gloo
+hierarchical  the hierarchical exchange over MPI sub-communicators: Gloo's bits
 no_store      gradzip.init_process_group() under mpirun with no MASTER_ADDR: MPI, no store
 adopted       MPI initialized before gradzip (as mpi4py does): adopted, and left for its
               owner to finalize
 funneled      MPI initialized with MPI_THREAD_FUNNELED: a clear refusal
 errors        bad calls give errors that name the problem, and the group stays usable
+late_peer     ranks that wait 1.5 s for a late rank use little CPU meanwhile
 stopped_rank  rank 1 stops itself; the others get a timeout error naming the call
 killed_rank   rank 1 kills itself; mpirun ends the job
 """
 import os
+import re
 import signal
 import sys
 import time
@@ -314,6 +317,38 @@ def compressed():
     return rank
 
 
+def hierarchical():
+    """GRADZIP_NODE_SIZE=2: the hierarchical exchange over MPI sub-communicators gives the
+    bits it gives over Gloo groups, at the backend door and through gradzip.Aggregation."""
+    rank, size = init()
+    cpu = torch.device("cpu")
+    for spec in ("fp16", "qsgd:bits=4", "stc:density=0.1", "sign", "topk:density=0.05"):
+        results = []
+        for transport in ("mpi", "gloo"):
+            group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec, transport=transport))
+            assert group._get_backend(cpu).node_levels("cpu") is not None, f"{spec} over {transport}: flat"
+            out = []
+            for step in range(3):
+                x = sample(rank, torch.float32, 5003, exact=False, seed=step)
+                dist.all_reduce(x, group=group)
+                out.append(x)
+            agg = gradzip.Aggregation(spec, group=dist.new_group(backend="gradzip", pg_options=gradzip.Options(
+                transport=transport)))
+            for step in range(3):
+                x = sample(rank, torch.float32, 4001, exact=False, seed=10 + step)
+                agg(x)
+                out.append(torch.cat([x, torch.zeros(1002)]))
+            results.append(torch.stack(out))
+        same_bits(results[0], results[1], f"{spec}, hierarchical over MPI and over Gloo")
+        # The same bits on every rank.
+        every = [torch.empty_like(results[0]) for _ in range(size)]
+        dist.all_gather(every, results[0])
+        for r in range(size):
+            same_bits(every[r], results[0], f"{spec}: rank {r}'s result")
+    dist.destroy_process_group()
+    return rank
+
+
 def no_store():
     assert "MASTER_ADDR" not in os.environ and "MASTER_PORT" not in os.environ
     gradzip.init_process_group()
@@ -333,12 +368,21 @@ def no_store():
     return rank
 
 
+def mpi_shared_library():
+    """The MPI library gradzip's extension loaded (Open MPI's libmpi, MPICH's libmpich), by ctypes."""
+    import ctypes
+
+    with open("/proc/self/maps") as maps:
+        paths = {line.split()[-1] for line in maps if re.search(r"/libmpi(ch)?\.so", line)}
+    assert len(paths) == 1, f"expected one MPI library loaded, found {sorted(paths)}"
+    return ctypes.CDLL(paths.pop(), mode=ctypes.RTLD_GLOBAL)
+
+
 def init_mpi_by_hand(level):
     """MPI_Init_thread through ctypes, as mpi4py would; returns the library."""
     import ctypes
-    import ctypes.util
 
-    library = ctypes.CDLL(ctypes.util.find_library("mpi") or "libmpi.so.40", mode=ctypes.RTLD_GLOBAL)
+    library = mpi_shared_library()
     provided = ctypes.c_int(-1)
     assert library.MPI_Init_thread(None, None, level, ctypes.byref(provided)) == 0
     assert provided.value == level, provided.value
@@ -364,10 +408,8 @@ def adopted():
 def funneled():
     init_mpi_by_hand(1)  # MPI_THREAD_FUNNELED
     expect_error(init, "MPI offers MPI_THREAD_FUNNELED", "at least MPI_THREAD_SERIALIZED")
-    import ctypes.util
-
-    ctypes.CDLL(ctypes.util.find_library("mpi") or "libmpi.so.40").MPI_Finalize()
-    return int(os.environ["OMPI_COMM_WORLD_RANK"])
+    mpi_shared_library().MPI_Finalize()
+    return gradzip.mpi.world_from_mpirun()[0]
 
 
 def expect_error(fn, *fragments):
@@ -393,6 +435,21 @@ def errors():
                  "takes CPU tensors", "meta")
     expect_error(lambda: transport.send([torch.ones(3)], size, 0).wait(), "destination", "not a rank")
     expect_error(lambda: transport.send([torch.ones(3)], 0, -1).wait(), "tag -1")
+    # Tags: the transport takes MPI's range (MPI_TAG_UB: Open MPI 2^31 - 1, MPICH 2^28 - 1),
+    # the checked group the lower half (a message's data travels on its tag + half).
+    largest = transport.largest_tag()
+    assert largest >= 32767, largest
+    if largest < 2**31 - 1:
+        expect_error(lambda: transport.send([torch.ones(3)], 0, largest + 1).wait(), f"tag {largest + 1}",
+                     f"range 0..{largest}")
+    top = largest // 2
+    expect_error(lambda: dist.send(torch.ones(3), (rank + 1) % size, tag=top + 1), f"takes tags 0..{top}")
+    if rank == 0:
+        dist.send(torch.arange(4.0), 1, tag=top)
+    elif rank == 1:
+        got = torch.empty(4)
+        dist.recv(got, 0, tag=top)
+        assert torch.equal(got, torch.arange(4.0))
     # A receive smaller than the message names both sizes; the group is still usable.
     if rank == 0:
         dist.send(torch.ones(5), 1, tag=3)
@@ -404,6 +461,33 @@ def errors():
     t = torch.ones(2)
     dist.all_reduce(t)
     assert t[0].item() == size
+    dist.destroy_process_group()
+    return rank
+
+
+def late_peer():
+    """Rank 0 joins 1.5 s late, first an all_reduce, then a send: the others wait without
+    holding a core (the transport polls MPI at a backoff's pace after its first 2 ms)."""
+    rank, size = init()
+    for call in ("all_reduce", "recv"):
+        dist.barrier()
+        t = torch.ones(10)
+        if rank == 0:
+            time.sleep(1.5)
+            if call == "all_reduce":
+                dist.all_reduce(t)
+            else:
+                for peer in range(1, size):
+                    dist.send(t, peer, tag=7)
+            continue
+        start, cpu = time.monotonic(), time.process_time()
+        if call == "all_reduce":
+            dist.all_reduce(t)
+        else:
+            dist.recv(t, 0, tag=7)
+        wall, cpu = time.monotonic() - start, time.process_time() - cpu
+        assert wall > 1.0, f"{call}: waited {wall:.2f} s"
+        assert cpu < 0.25 * wall, f"{call}: {cpu:.2f} CPU seconds in a wait of {wall:.2f} s"
     dist.destroy_process_group()
     return rank
 
@@ -427,6 +511,7 @@ def killed_rank():
     rank, size = init(timeout=timedelta(seconds=60))
     dist.barrier()
     if rank == 1:
+        print(f"rank 1 is pid {os.getpid()}", flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
     dist.all_reduce(torch.ones(10))
     time.sleep(60)

@@ -167,6 +167,30 @@ def test_an_announcement_past_the_bound_is_refused_and_a_near_miss_drained():
     assert "out of step" in seen[3], seen[3]
 
 
+def tag_range(rank, world):
+    """Over Gloo a checked message's data travels on its tag + 2^30: the highest tag a user
+    may take, 2^30 - 1, works; 2^30 is refused by name on both sides."""
+    import gradzip
+    gradzip.init_process_group("gradzip", timeout=timedelta(seconds=30))
+    errors = []
+    for call in (lambda: dist.send(torch.ones(3), 1 - rank, tag=1 << 30),
+                 lambda: dist.recv(torch.empty(3), 1 - rank, tag=1 << 30)):
+        try:
+            call()
+            errors.append(None)
+        except RuntimeError as error:
+            errors.append(str(error))
+    got = torch.arange(4.0) if rank == 0 else torch.empty(4)
+    (dist.send if rank == 0 else dist.recv)(got, 1 - rank, tag=(1 << 30) - 1)
+    return errors, got.tolist()
+
+
+def test_the_highest_tag_works_and_the_next_is_refused():
+    for errors, got in run_ranks(tag_range, 2):
+        assert all(e and "takes tags 0..1073741823, got 1073741824" in e for e in errors), errors
+        assert got == [0.0, 1.0, 2.0, 3.0]
+
+
 def pipeline(rank, world, schedule_name):
     """A small MLP in `world` stages through torch.distributed.pipelining, once over the
     gradzip group and once over a Gloo group: losses and gradients bit for bit."""

@@ -184,6 +184,10 @@ MpiBackend::MpiBackend(int rank, int size, const std::vector<int64_t>& global_ra
       MPI_Group_free(&world_group);
     }
     MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+    int* tag_upper_bound = nullptr;
+    int found = 0;
+    MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_upper_bound, &found);
+    largest_tag_ = found ? *tag_upper_bound : 32767;  // the least the standard allows
     int comm_rank = -1;
     MPI_Comm_rank(comm_, &comm_rank);
     TORCH_CHECK(comm_rank == rank, "gradzip mpi: the communicator has this process as rank ", comm_rank,
@@ -255,13 +259,16 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::collective(const char* op, std::vecto
                                                       std::chrono::milliseconds timeout, std::function<void()> body) {
   check_usable(op);
   const auto limit = timeout_of(timeout);
-  return worker_->submit(std::move(tensors), [this, op, limit, body = std::move(body)] {
+  int64_t bytes = 0;  // what the call moves, about: the Backoff's spin
+  for (const auto& t : tensors) bytes += static_cast<int64_t>(t.numel()) * t.element_size() * getSize();
+  return worker_->submit(std::move(tensors), [this, op, limit, bytes, body = std::move(body)] {
     {
       std::lock_guard<std::mutex> lock(broken_mutex_);
       TORCH_CHECK(broken_.empty(), "gradzip mpi: ", op,
                   " refused: this communicator is unusable since an earlier call failed: ", broken_);
     }
     deadline_ = mpi::Clock::now() + limit;
+    call_bytes_ = bytes;
     body();
   });
 }
@@ -271,7 +278,7 @@ void MpiBackend::exchange(const char* op, const char* call, const Post& post) {
   mpi::call([&] { mpi::check(post(&requests[0]), call); });
   bool done = false;
   try {
-    done = mpi::wait(requests, deadline_);
+    done = mpi::wait(requests, deadline_, call_bytes_);
   } catch (const std::exception& e) {  // an MPI error: the request may stay posted
     break_with(e.what());
     throw;
@@ -691,11 +698,8 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::point_to_point(const char* op, at::Te
                                                           bool receive) {
   check_usable(op);
   const int n = count_of(tensor.numel(), op);
-  int* tag_upper_bound = nullptr;
-  int found = 0;
-  mpi::call([&] { MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_upper_bound, &found); });
-  TORCH_CHECK(tag >= 0 && (!found || tag <= *tag_upper_bound), "gradzip mpi: ", op, "'s tag ", tag,
-              " is outside MPI's range 0..", found ? *tag_upper_bound : 32767);
+  TORCH_CHECK(tag >= 0 && tag <= largest_tag_, "gradzip mpi: ", op, "'s tag ", tag, " is outside MPI's range 0..",
+              largest_tag_, " (MPI_TAG_UB of this MPI library)");
   auto entry = std::make_shared<PendingPointToPoint>();
   entry->target = tensor;
   entry->staging = receive && !tensor.is_contiguous() ? at::empty(tensor.sizes(), tensor.options()) : staged(tensor);
@@ -714,16 +718,29 @@ c10::intrusive_ptr<c10d::Work> MpiBackend::point_to_point(const char* op, at::Te
   {
     std::lock_guard<std::mutex> lock(pending_mutex_);
     pending_.push_back(entry);
+    ++posted_;
     if (!completer_.joinable()) completer_ = std::thread([this] { complete_point_to_point(); });
   }
   pending_wake_.notify_one();
   return c10::make_intrusive<FutureWork>(entry->future, entry->source);
 }
 
+int64_t MpiBackend::pending_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& entry : pending_) bytes += entry->staging.nbytes();
+  return bytes;
+}
+
 void MpiBackend::complete_point_to_point() {
   std::unique_lock<std::mutex> lock(pending_mutex_);
+  mpi::Backoff backoff(0);
+  uint64_t seen = 0;  // posted_ when the backoff last restarted
   while (true) {
     pending_wake_.wait(lock, [this] { return stopping_ || !pending_.empty(); });
+    if (posted_ != seen) {  // a new call: poll at full pace again
+      seen = posted_;
+      backoff.restart(pending_bytes());
+    }
     if (stopping_) {
       for (auto& entry : pending_) {
         entry->future->setError(std::make_exception_ptr(
@@ -766,10 +783,15 @@ void MpiBackend::complete_point_to_point() {
     }
     lock.lock();
     for (const auto& entry : finished) pending_.remove(entry);
-    if (!pending_.empty()) {
+    if (!finished.empty()) backoff.restart(pending_bytes());
+    if (pending_.empty()) continue;
+    const auto pause = backoff.pause_at(mpi::Clock::now());
+    if (pause == mpi::Clock::duration::zero()) {
       lock.unlock();
       std::this_thread::yield();
       lock.lock();
+    } else {
+      pending_wake_.wait_for(lock, pause);  // a new call or shutdown wakes it at once
     }
   }
 }

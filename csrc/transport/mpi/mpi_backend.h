@@ -1,12 +1,15 @@
-// MpiBackend: a c10d::Backend for CPU tensors over one MPI communicator (Open MPI), the
-// transport a gradzip process group uses under mpirun instead of Gloo.
+// MpiBackend: a c10d::Backend for CPU tensors over one MPI communicator (Open MPI or
+// MPICH), the transport a gradzip process group uses under mpirun instead of Gloo.
 //
 // The communicator holds the group's ranks in their c10d order (MPI_Comm_dup of the
 // world, or MPI_Comm_create_group of `global_ranks`; collective over those ranks only).
 // Collectives run on one worker thread per communicator in call order (every rank
 // issues them in the same order, as MPI requires) and return at once; the Work's future
 // completes on that thread. Point-to-point calls are posted at once, in call order (MPI
-// matches messages in posting order), and a second thread completes them.
+// matches messages in posting order), and a second thread completes them. Both threads
+// poll MPI at the pace of mpi::Backoff: at full pace for as long as the call's bytes
+// could take, then sleeping between polls, so a rank that waits for a late peer does not
+// hold a core.
 //
 // Results are bitwise identical on every rank and do not depend on the MPI library's
 // algorithms: MPI only moves bytes; every reduction is computed by torch, each element
@@ -51,7 +54,10 @@ class MpiBackend final : public c10d::Backend {
   static void finish_all();
 
   const std::string getBackendName() const override { return "gradzip-mpi"; }
+  // MPI_TAG_UB: point-to-point tags run 0 .. largest_tag() (Open MPI 2^31 - 1, MPICH 2^28 - 1).
+  int largest_tag() const { return largest_tag_; }
   void setTimeout(std::chrono::milliseconds timeout) override { timeout_ = timeout; }
+  std::chrono::milliseconds timeout() const { return timeout_; }
 
   c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
                                            const c10d::BroadcastOptions& opts) override;
@@ -130,6 +136,8 @@ class MpiBackend final : public c10d::Backend {
   at::Tensor scratch(int64_t numel, const at::TensorOptions& options);
   c10::intrusive_ptr<c10d::Work> point_to_point(const char* op, at::Tensor tensor, int peer, int tag, bool receive);
   void complete_point_to_point();
+  // Bytes of the posted point-to-point calls (pending_mutex_ held).
+  int64_t pending_bytes() const;
   void check_usable(const char* op) const;
   void break_with(const std::string& reason);
   std::chrono::milliseconds timeout_of(std::chrono::milliseconds requested) const;
@@ -139,7 +147,9 @@ class MpiBackend final : public c10d::Backend {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
+  int largest_tag_ = 32767;
   mpi::Clock::time_point deadline_;  // of the collective the worker runs
+  int64_t call_bytes_ = 0;            // what it moves, about
   at::Tensor scratch_;                // bytes, see scratch()
   mutable std::mutex broken_mutex_;
   std::string broken_;  // why the communicator is unusable; empty while it is usable
@@ -148,6 +158,7 @@ class MpiBackend final : public c10d::Backend {
   std::mutex pending_mutex_;
   std::condition_variable pending_wake_;
   std::list<std::shared_ptr<PendingPointToPoint>> pending_;  // posted point-to-point calls
+  uint64_t posted_ = 0;                                       // how many were ever posted
   bool stopping_ = false;
   std::thread completer_;
   std::unique_ptr<OrderedWorker> worker_;  // last: its jobs use the members above

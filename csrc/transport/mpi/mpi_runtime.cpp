@@ -1,5 +1,6 @@
 #include "transport/mpi/mpi_runtime.h"
 
+#include <algorithm>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -106,9 +107,39 @@ MPI_Datatype element_type(size_t bytes) {
   return type;
 }
 
-bool wait(std::vector<MPI_Request>& requests, Clock::time_point deadline) {
-  // Open MPI moves data only inside MPI calls, so this polls without sleeping; yield()
-  // lets the ranks' other threads run on an oversubscribed machine.
+Backoff::Backoff(int64_t bytes) { restart(bytes); }
+
+void Backoff::restart(int64_t bytes) {
+  start_ = Clock::now();
+  spin_ = kSpin + std::chrono::duration_cast<Clock::duration>(
+                      std::chrono::duration<double>(static_cast<double>(std::max<int64_t>(bytes, 0)) / kSlowestRate));
+}
+
+Clock::duration Backoff::pause_at(Clock::time_point now) const {
+  const auto waited = now - start_;
+  if (waited < spin_) return Clock::duration::zero();
+  return std::min<Clock::duration>(waited / 10, kLongestPause);
+}
+
+void Backoff::pause(Clock::time_point until) const {
+  const auto now = Clock::now();
+  const auto pause = std::min<Clock::duration>(pause_at(now), until - now);
+  if (pause <= Clock::duration::zero()) {
+    std::this_thread::yield();  // lets the ranks' other threads run on an oversubscribed machine
+  } else {
+    std::this_thread::sleep_for(pause);
+  }
+}
+
+std::string library_version() {
+  char text[MPI_MAX_LIBRARY_VERSION_STRING];
+  int length = 0;
+  MPI_Get_library_version(text, &length);
+  return std::string(text, length);
+}
+
+bool wait(std::vector<MPI_Request>& requests, Clock::time_point deadline, int64_t bytes) {
+  const Backoff backoff(bytes);
   while (true) {
     int done = 0;
     call([&] {
@@ -117,7 +148,7 @@ bool wait(std::vector<MPI_Request>& requests, Clock::time_point deadline) {
     });
     if (done) return true;
     if (Clock::now() >= deadline) return false;
-    std::this_thread::yield();
+    backoff.pause(deadline);
   }
 }
 
