@@ -38,6 +38,8 @@ def tables() -> str:
     for codec in _C.codec_kinds():
         if codec["keys"]:
             out += ["", f"Keys of `{codec['name']}`:", ""] + key_rows(codec["keys"])
+    out += ["", "Keys of the model container (`gradzip.codec.compress_model`: a codec spec plus these):", ""]
+    out += key_rows(_C.model_container_keys())
     for kind in kinds:
         if kind["decentralized"]:
             out += ["", f"Keys of `{kind['name']}`:", ""] + key_rows([k for k in kind["keys"] if k["name"] not in own

@@ -1,24 +1,57 @@
 #include "codec/error_bound.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 namespace gradzip {
 
-std::vector<SpecKey> error_bound_keys() {
-  return {SpecKey::choice("mode", "rel", {"abs", "rel"},
-                          "abs: |x̂ − x| ≤ bound; rel: |x̂ − x| ≤ bound × (max − min) of the tensor"),
-          SpecKey::number("bound", "1e-3", 0.0, 1e30, "the error bound (> 0)")};
+namespace {
+
+// Function-local, so that a codec record built during another file's static
+// initialization finds them made.
+const SpecKey& mode_key() {
+  static const SpecKey key = SpecKey::choice(
+      "mode", "rel", {"abs", "rel"}, "abs: |x̂ − x| ≤ bound; rel: |x̂ − x| ≤ bound × (max − min) of the tensor");
+  return key;
+}
+
+const SpecKey& bound_key() {
+  static const SpecKey key = SpecKey::number("bound", "1e-3", 0.0, 1e30, "the error bound (> 0)");
+  return key;
+}
+
+bool has_key(const CodecRecord& record, const std::string& name) {
+  for (const auto& key : record.keys) {
+    if (key.name == name) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+std::vector<SpecKey> error_bound_keys() { return {mode_key(), bound_key()}; }
+
+bool takes_error_bound(const CodecRecord& record) {
+  return has_key(record, mode_key().name) && has_key(record, bound_key().name);
 }
 
 void parse_error_bound(const Spec& spec, CodecParameters& p) {
-  p.relative_bound = spec.get_string("mode", "rel") == "rel";
-  p.bound = spec.get_double("bound", 1e-3);
+  p.relative_bound = spec.get_string(mode_key().name, mode_key().default_value) == "rel";
+  p.bound = spec.get_double(bound_key().name, std::stod(bound_key().default_value));
   if (!(p.bound > 0.0) || !std::isfinite(p.bound)) {
     throw SpecError("gradzip: spec '" + spec.str() + "': bound must be a finite number above 0");
   }
+}
+
+Spec with_absolute_bound(Spec spec, double bound) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.17g", bound);
+  spec.params[mode_key().name] = "abs";
+  spec.params[bound_key().name] = text;
+  return spec;
 }
 
 double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec) {

@@ -13,8 +13,12 @@ namespace gradzip {
 
 // The keys mode=abs|rel and bound, as every error-bounded codec spells them.
 std::vector<SpecKey> error_bound_keys();
+// Whether a codec takes an error bound (its keys are error_bound_keys()).
+bool takes_error_bound(const CodecRecord& record);
 // Sets p.relative_bound and p.bound from a spec whose keys were checked.
 void parse_error_bound(const Spec& spec, CodecParameters& p);
+// `spec` (an error-bounded codec's) with mode=abs and the given bound, its other keys kept.
+Spec with_absolute_bound(Spec spec, double bound);
 // The absolute bound for u[0..n) under p. Throws std::invalid_argument when u holds Inf
 // or NaN (an error bound means nothing for them).
 double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec);

@@ -53,10 +53,15 @@ std::vector<uint8_t> blosc_decompress(const uint8_t* data, size_t size, size_t r
 
 }  // namespace
 
+std::vector<std::string> method_names() {
+  return {method_name(Method::kNone), method_name(Method::kZstd), method_name(Method::kBlosc)};
+}
+
 Method method_from_name(const std::string& name) {
-  if (name == "none") return Method::kNone;
-  if (name == "zstd") return Method::kZstd;
-  if (name == "blosc") return Method::kBlosc;
+  const auto names = method_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i] == name) return static_cast<Method>(i);
+  }
   throw SpecError("gradzip: unknown lossless stage '" + name + "'; valid: none, zstd, blosc");
 }
 

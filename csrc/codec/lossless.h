@@ -11,7 +11,9 @@ namespace gradzip::lossless {
 
 enum class Method : uint8_t { kNone = 0, kZstd = 1, kBlosc = 2 };
 
-// "none", "zstd", "blosc"; throws SpecError for anything else, listing the valid names.
+// The methods' names, in the order of their bytes: none, zstd, blosc.
+std::vector<std::string> method_names();
+// A method from its name; throws SpecError for anything else, listing the valid names.
 Method method_from_name(const std::string& name);
 std::string method_name(Method method);
 // A method from its stored byte; throws PayloadError for an unknown one.

@@ -1,9 +1,10 @@
-// gradzip._C.Spec: a spec string bound once (gradzip/bound_spec.h), and the registries'
-// listings of names and keys.
+// gradzip._C.Spec and gradzip._C.ModelSpec: spec strings bound once (gradzip/bound_spec.h,
+// gradzip/model_spec.h), and the registries' listings of names and keys.
 #include <pybind11/stl.h>
 
 #include "codec/codec_record.h"
 #include "gradzip/aggregation.h"
+#include "gradzip/model_spec.h"
 #include "aggregate/compressed_allreduce.h"
 #include "python/bindings.h"
 
@@ -56,6 +57,24 @@ void bind_spec(py::module_& m) {
       });
   // So that _C functions taking a Spec also take its text (tests, benchmarks).
   py::implicitly_convertible<py::str, BoundSpec>();
+  py::class_<ModelSpec>(m, "ModelSpec", "A whole-model spec bound once: a codec spec and the model container's keys "
+                                         "(gradzip/model_spec.h).")
+      .def(py::init<std::string_view>(), py::arg("text"))
+      .def("__str__", &ModelSpec::str)
+      .def("__repr__", [](const ModelSpec& s) { return "gradzip._C.ModelSpec('" + s.str() + "')"; })
+      .def_property_readonly("codec", &ModelSpec::codec, "The codec's spec (a gradzip.Spec), container keys removed.")
+      .def_property_readonly("param_cutoff", &ModelSpec::param_cutoff)
+      .def_property_readonly("lossless", &ModelSpec::lossless)
+      .def_property_readonly("error_bound",
+                             [](const ModelSpec& s) -> py::object {
+                               const auto& bound = s.error_bound();
+                               if (!bound) return py::none();
+                               return py::make_tuple(bound->relative, bound->bound);
+                             },
+                             "(relative, bound) for an error-bounded codec (sz, zfp), else None.")
+      .def("with_absolute_bound", &ModelSpec::with_absolute_bound, py::arg("bound"),
+           "The codec's spec with mode=abs and this bound.");
+  m.def("model_container_keys", [] { return keys_to_python(ModelSpec::container_keys()); });
   m.def("aggregation_kinds", [] {
     py::list out;
     for (const auto& k : aggregation_kinds()) {

@@ -4,7 +4,8 @@
     weights = gradzip.codec.decompress_model(data, like=model)
 
 The spec is a codec spec (docs/spec.md: e.g. `sz`, `zfp`, `uniform`, `qsgd:bits=8`) plus
-two keys of the model container:
+two keys of the model container (bound in C++: gradzip/model_spec.h; docs/spec.md lists
+their defaults):
 - `param_cutoff` (default 1024): float tensors with fewer elements are stored exactly;
 - `lossless` (default zstd; none, zstd, blosc): the stage after the codec, on every entry.
 Non-float tensors (step counters, masks) are stored exactly. Float tensors that hold Inf
@@ -32,7 +33,6 @@ import torch
 
 from ._extension import _C
 from .tensor_codec import State, decode, encode, header
-from .options import SpecError, bind_spec
 
 MAGIC = b"GZMODEL\0"
 VERSION = 1
@@ -40,10 +40,9 @@ _HEADER = struct.Struct("<8sHBBI")   # magic, version, lossless method, flags, e
 _ENTRY = struct.Struct("<BBBQQ")     # storage, dtype, ndim, raw bytes, stored bytes
 _BATCHED = 1
 _PAYLOAD, _EXACT = 0, 1
-_LOSSLESS = ("none", "zstd", "blosc")
+_LOSSLESS = tuple(_C.lossless_methods())  # the container's byte is the index
 _DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16,
            torch.int8, torch.uint8, torch.bool, torch.complex64, torch.complex128)
-_MODEL_KEYS = {"param_cutoff": "1024", "lossless": "zstd"}
 
 
 class ModelState:
@@ -70,41 +69,12 @@ class ModelState:
             self.entry(name).load_state_dict(entry)
 
 
-def split_model_spec(spec: str):
-    """(codec spec, param_cutoff, lossless) from a model spec string; SpecError for bad values."""
-    if not isinstance(spec, str):
-        spec = str(spec)
-    name, _, rest = spec.partition(":")
-    keys, model = [], dict(_MODEL_KEYS)
-    for item in filter(None, rest.split(",")):
-        key, _, value = item.partition("=")
-        if key.strip() in model:
-            model[key.strip()] = value.strip()
-        else:
-            keys.append(item)
-    try:
-        cutoff = int(model["param_cutoff"])
-    except ValueError:
-        cutoff = -1
-    if cutoff < 0:
-        raise SpecError(f"gradzip: spec {spec!r}: param_cutoff must be an integer ≥ 0, got {model['param_cutoff']!r}")
-    if model["lossless"] not in _LOSSLESS:
-        raise SpecError(f"gradzip: spec {spec!r}: unknown lossless stage {model['lossless']!r}; valid: "
-                        + ", ".join(_LOSSLESS))
-    return name + (":" + ",".join(keys) if keys else ""), cutoff, model["lossless"]
-
-
 @functools.lru_cache(maxsize=64)
-def _error_bound(codec_spec: str):
-    """(relative, bound) for an error-bounded codec (one with the keys mode and bound),
-    its defaults from the codec registry; None for other codecs."""
-    spec = bind_spec(codec_spec)
-    kind = next(k for k in _C.codec_kinds() if k["name"] == spec.codec.partition(":")[0])
-    defaults = {key["name"]: key["default"] for key in kind["keys"]}
-    if "mode" not in defaults or "bound" not in defaults:
-        return None
-    params = dict(defaults, **spec.params)
-    return params["mode"] == "rel", float(params["bound"])
+def bind_model_spec(spec) -> "_C.ModelSpec":
+    """A model spec bound once (gradzip/model_spec.h): the codec's spec, the container's
+    keys param_cutoff and lossless with their defaults, the codec's error bound; SpecError
+    naming what is wrong."""
+    return spec if isinstance(spec, _C.ModelSpec) else _C.ModelSpec(str(spec))
 
 
 def _reference(tensor: torch.Tensor, entry_state) -> torch.Tensor:
@@ -116,11 +86,11 @@ def _reference(tensor: torch.Tensor, entry_state) -> torch.Tensor:
     return x
 
 
-def _tightened_spec(codec_spec: str, dtype: torch.dtype, reference: torch.Tensor, error_bound):
+def _tightened_spec(model_spec, dtype: torch.dtype, reference: torch.Tensor):
     """For an fp16, bf16 or fp64 tensor: the codec spec (mode=abs) whose bound leaves room
     for the roundings between the dtype and the codec's fp32 (half an ulp at the largest
     magnitude, in the coarser of the two), and the bound itself. None when nothing is left."""
-    relative, bound = error_bound
+    relative, bound = model_spec.error_bound
     if relative:
         bound = bound * (reference.max() - reference.min()).item() if reference.numel() else 0.0
     info = torch.finfo(dtype if dtype != torch.float64 else torch.float32)
@@ -128,24 +98,22 @@ def _tightened_spec(codec_spec: str, dtype: torch.dtype, reference: torch.Tensor
     tight = bound - max(info.eps * largest, info.tiny * info.eps) / 2
     if not tight > 0.0:
         return None
-    name, _, rest = codec_spec.partition(":")
-    keys = [item for item in rest.split(",") if item and item.partition("=")[0] not in ("mode", "bound")]
-    return f"{name}:" + ",".join(keys + ["mode=abs", f"bound={tight!r}"]), bound
+    return model_spec.with_absolute_bound(tight), bound
 
 
-def _encode_entry(path, tensor, codec_spec, error_bound, entry_state):
+def _encode_entry(path, tensor, model_spec, entry_state):
     """The entry's codec payload, or None when it must be stored exactly: an error-bounded
     codec on an fp16, bf16 or fp64 tensor whose decoded values, in that dtype, would leave
     the bound (the bound finer than the dtype, or a value rounding past its largest)."""
-    if not error_bound or tensor.dtype == torch.float32:
-        raw = encode(tensor, codec_spec, entry_state)
+    if model_spec.error_bound is None or tensor.dtype == torch.float32:
+        raw = encode(tensor, model_spec.codec, entry_state)
         if not header(raw)["finite"]:  # the encoder's own check
             raise ValueError(f"gradzip: {path} holds Inf or NaN: no codec's bound covers them")
         return raw
     if not bool(torch.isfinite(tensor).all()) or tensor.abs().max().item() > torch.finfo(torch.float32).max:
         raise ValueError(f"gradzip: {path} holds Inf, NaN or values beyond fp32: no codec's bound covers them")
     reference = _reference(tensor, entry_state)
-    tightened = _tightened_spec(codec_spec, tensor.dtype, reference, error_bound)
+    tightened = _tightened_spec(model_spec, tensor.dtype, reference)
     if tightened is None:
         return None
     saved = entry_state.state_dict() if entry_state is not None else None
@@ -204,16 +172,15 @@ def _exact_bytes(t: torch.Tensor) -> bytes:
 def compress_model(model, spec: str, batched: bool = False, state: Optional[ModelState] = None) -> bytes:
     """The bytes of `model` under `spec` (see the module doc); with a ModelState, each
     compressed entry keeps its error-feedback residual across calls."""
-    codec_spec, cutoff, lossless = split_model_spec(spec)
-    error_bound = _error_bound(codec_spec)
+    model_spec = bind_model_spec(spec)
+    cutoff, lossless = model_spec.param_cutoff, model_spec.lossless
     leaves = _flatten(model, batched)
     chunks = [_HEADER.pack(MAGIC, VERSION, _LOSSLESS.index(lossless), _BATCHED if batched else 0, len(leaves))]
     for path, tensor in leaves:
         if tensor.dtype not in _DTYPES:
             raise TypeError(f"gradzip: {path} has dtype {tensor.dtype}, which the model container does not store")
         lossy = tensor.is_floating_point() and tensor.numel() >= max(cutoff, 1)
-        raw = _encode_entry(path, tensor, codec_spec, error_bound,
-                            state.entry(path) if state is not None else None) if lossy else None
+        raw = _encode_entry(path, tensor, model_spec, state.entry(path) if state is not None else None) if lossy else None
         lossy = raw is not None
         if not lossy:
             raw = _exact_bytes(tensor)

@@ -107,12 +107,30 @@ def test_non_finite_weights_are_refused_by_name():
 
 
 def test_bad_model_keys_are_refused():
-    with pytest.raises(gradzip.SpecError, match="lossless stage 'lz4'"):
+    with pytest.raises(gradzip.SpecError, match="lossless must be one of none, zstd, blosc, got 'lz4'"):
         codec.compress_model(model_state(), "sz:lossless=lz4")
-    with pytest.raises(gradzip.SpecError, match="param_cutoff"):
+    with pytest.raises(gradzip.SpecError, match="param_cutoff.*-3"):
         codec.compress_model(model_state(), "sz:param_cutoff=-3")
-    with pytest.raises(gradzip.SpecError, match="unknown key"):
+    with pytest.raises(gradzip.SpecError, match="unknown key 'density'.*container's keys param_cutoff, lossless"):
         codec.compress_model(model_state(), "sz:density=0.1")
+    with pytest.raises(gradzip.SpecError, match="'allreduce' is an aggregation without a codec"):
+        codec.compress_model(model_state(), "allreduce:lossless=none")
+
+
+def test_the_model_spec_is_bound_once_with_the_defaults_of_its_key_table():
+    keys = {key["name"]: key["default"] for key in gradzip._C.model_container_keys()}
+    assert keys == {"param_cutoff": "1024", "lossless": "zstd"}
+    spec = gradzip._C.ModelSpec("zfp:lossless=blosc,bound=1e-2")
+    assert (spec.param_cutoff, spec.lossless) == (1024, "blosc")
+    assert str(spec) == "zfp:bound=1e-2,lossless=blosc" and str(spec.codec) == "zfp:bound=1e-2"
+    assert spec.error_bound == (True, 1e-2)  # mode's default, from zfp's key table
+    tight = spec.with_absolute_bound(0.1 + 0.2)
+    assert isinstance(tight, gradzip.Spec) and tight.params == {"bound": repr(0.1 + 0.2), "mode": "abs"}
+    assert gradzip._C.ModelSpec("sz:mode=abs,param_cutoff=0,ef=1").error_bound == (False, 1e-3)
+    assert str(gradzip._C.ModelSpec("sz:mode=abs,param_cutoff=0,ef=1").codec) == "sz:ef=1,mode=abs"
+    assert gradzip._C.ModelSpec("uniform:bits=4").error_bound is None
+    with pytest.raises(gradzip.SpecError, match="takes no error bound"):
+        gradzip._C.ModelSpec("uniform").with_absolute_bound(0.5)
 
 
 def test_error_feedback_across_rounds_keeps_what_was_not_sent():
