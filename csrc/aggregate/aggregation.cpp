@@ -105,11 +105,12 @@ std::vector<SpecKey> all_keys(const AggregationKind& kind) {
 }
 
 BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&find_kind(spec_)) {
+  fill_defaults(spec_, kind_->keys);
   const CodecRecord* codec = nullptr;
   if (kind_->codec_from == AggregationKind::CodecFrom::kName) codec = find_codec_record(spec_.name);
   if (kind_->codec_from == AggregationKind::CodecFrom::kCompressKey) {
     find_key(kind_->keys, "compress")->check(spec_);
-    codec = find_codec_record(spec_.get_string("compress", "sign"));
+    codec = find_codec_record(spec_.get_string("compress"));
   }
   const std::vector<SpecKey> codec_keys = codec ? lent_keys(*codec, kind_->codec_from) : std::vector<SpecKey>{};
   for (const auto& [key, value] : spec_.params) {
@@ -129,11 +130,13 @@ BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&fi
                       "'; valid keys: " + join(names));
     }
   }
+  fill_defaults(spec_, codec_keys);
   if (codec) {
     codec_spec_.name = codec->name;
-    // parse() reads only the codec's keys; given the whole spec, its errors name the
-    // spec as the user wrote it.
-    codec_ = codec->make(codec->parse(spec_));
+    fill_defaults(codec_spec_, codec_keys);
+    // The codec reads only its own keys, with every default of its table (also those it
+    // does not lend); given the whole spec, its errors name the spec as the user wrote it.
+    codec_ = codec->make(codec->parameters(spec_));
   }
   if (kind_->check) kind_->check(*this);
 }

@@ -129,12 +129,12 @@ bool takes_key(const BoundSpec& spec, const char* name) {
 }  // namespace
 
 bool uses_node_levels(const BoundSpec& spec) {
-  return takes_key(spec, "hierarchy") && spec.spec().get_string("hierarchy", "auto") == "auto" &&
+  return takes_key(spec, "hierarchy") && spec.spec().get_string("hierarchy") == "auto" &&
          !spec.codec()->parameters().majority && spec.spec().get_double("momentum", 0.0) == 0;
 }
 
 bool compresses_reduce_scatter(const BoundSpec& spec) {
-  return takes_key(spec, "reduce_scatter") && spec.spec().get_string("reduce_scatter", "exact") == "compressed";
+  return takes_key(spec, "reduce_scatter") && spec.spec().get_string("reduce_scatter") == "compressed";
 }
 
 std::vector<SpecKey> compressed_aggregation_keys() {
@@ -205,18 +205,18 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
 CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
     : StatefulAggregation(spec),
       codec_(spec.codec()),
-      density_warmup_(spec.spec().get_int("density_warmup", 0)),
+      density_warmup_(spec.spec().get_int("density_warmup", 0)),  // 0: a codec without the key (no density)
       exchange_(exchange_request(spec.spec())),
       rounds_(rounds_request(spec.spec())),
       error_feedback_(spec.error_feedback()),
       majority_(codec_->parameters().majority),
       momentum_(spec.spec().get_double("momentum", 0.0)),
-      min_numel_(spec.spec().get_int("min_numel", 0)),
-      warmup_(spec.spec().get_int("warmup", 0)),
-      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))),
+      min_numel_(spec.spec().get_int("min_numel")),
+      warmup_(spec.spec().get_int("warmup")),
+      seed_(static_cast<uint64_t>(spec.spec().get_int("seed"))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
       hierarchical_(uses_node_levels(spec)),
-      layers_(spec.spec().get_string("layers", "off") == "on"),
+      layers_(spec.spec().get_string("layers") == "on"),
       exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;

@@ -31,7 +31,7 @@ ExchangeRequest parse_exchange_request(const std::string& value) {
 }
 
 ExchangeRequest exchange_request(const Spec& spec) {
-  return parse_exchange_request(spec.get_string("exchange", "auto"));
+  return parse_exchange_request(spec.get_string("exchange"));
 }
 
 Chunk exchange_chunk(int64_t n, int ranks, int j) {
@@ -49,7 +49,7 @@ int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested)
   return static_cast<int>(std::max<int64_t>(1, std::min(rounds, smallest)));
 }
 
-int64_t rounds_request(const Spec& spec) { return spec.get_int("rounds", 0); }
+int64_t rounds_request(const Spec& spec) { return spec.get_int("rounds"); }
 
 ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks, int64_t rounds_requested) {
   const int64_t others = ranks - 1;

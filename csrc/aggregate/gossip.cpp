@@ -178,7 +178,7 @@ std::vector<SpecKey> topology_keys() {
 }
 
 void check_topology_spec(const Spec& spec) {
-  if ((spec.get_string("topology", "exp") == "explicit") != spec.has("edges")) {
+  if ((spec.get_string("topology") == "explicit") != spec.has("edges")) {
     throw SpecError("gradzip: spec '" + spec.str() + "': topology=explicit takes its graph from edges=a-b;c-d;... "
                     "and edges are only for topology=explicit");
   }
@@ -197,7 +197,7 @@ std::vector<SpecKey> choco_keys() {
 
 void check_choco_spec(const Spec& spec) {
   check_topology_spec(spec);
-  if (spec.get_string("topology", "exp") == "onepeer") {
+  if (spec.get_string("topology") == "onepeer") {
     throw SpecError("gradzip: spec '" + spec.str() + "': choco keeps public copies of fixed neighbours, and onepeer "
                     "changes them every step; use ring, torus, exp, complete or explicit");
   }
@@ -294,7 +294,7 @@ ChocoGossip::ChocoGossip(const BoundSpec& spec)
       topologies_(spec.spec()),
       codec_(spec.codec()),
       gamma_(spec.spec().get_double("gamma", 0.0)),
-      seed_(static_cast<uint64_t>(spec.spec().get_int("seed", 0))) {}
+      seed_(static_cast<uint64_t>(spec.spec().get_int("seed"))) {}
 
 c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& tensors,
                                                       const c10d::AllreduceOptions& opts,

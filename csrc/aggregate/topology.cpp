@@ -128,7 +128,7 @@ const std::vector<std::string>& Topology::names() {
 }
 
 Topology Topology::from_spec(const Spec& spec, int size) {
-  return Topology(spec.get_string("topology", "exp"), size, spec.get_string("weights", "mh"),
+  return Topology(spec.get_string("topology"), size, spec.get_string("weights"),
                   spec.get_string("edges", ""));
 }
 

@@ -118,12 +118,16 @@ struct CodecRecord {
   std::string name;
   std::string summary;
   std::vector<SpecKey> keys;
-  // The parameters of a spec whose keys were checked one by one (check_keys): defaults,
-  // and the rules that tie keys together. Reads only the codec's own keys (the spec may
-  // hold an aggregation's too). Throws SpecError.
+  // The parameters of a spec whose keys were checked one by one (check_keys), with the
+  // defaults of `keys` filled in (call it through parameters()): the rules that tie keys
+  // together, and the defaults that depend on other keys. Reads only the codec's own keys
+  // (the spec may hold an aggregation's too). Throws SpecError.
   CodecParameters (*parse)(const Spec& spec);
   std::unique_ptr<Codec> (*make)(const CodecParameters& parameters);
   const DeviceHalf* device;  // null: no kernels; CUDA tensors go through the host codec
+
+  // parse() of `spec` with the defaults of `keys` for the keys it leaves out.
+  CodecParameters parameters(const Spec& spec) const;
 };
 
 // Every codec, in the order error messages and docs list them.

@@ -24,6 +24,12 @@ std::string names() {
 
 }  // namespace
 
+CodecParameters CodecRecord::parameters(const Spec& spec) const {
+  Spec with_defaults = spec;
+  fill_defaults(with_defaults, keys);
+  return parse(with_defaults);
+}
+
 const std::vector<const CodecRecord*>& codec_records() {
   static const std::vector<const CodecRecord*> records = {
       &identity_record(), &fp16_record(), &bf16_record(), &topk_record(),
@@ -58,7 +64,7 @@ CodecParameters parse_codec(const Spec& spec) {
     throw SpecError("gradzip: unknown codec '" + spec.name + "' in spec '" + spec.str() + "'; valid codecs: " + names());
   }
   check_keys(spec, record->keys, "codec '" + record->name + "'");
-  return record->parse(spec);
+  return record->parameters(spec);
 }
 
 std::unique_ptr<Codec> make_codec(const Spec& spec) {
@@ -69,7 +75,7 @@ std::unique_ptr<Codec> make_codec(const Spec& spec) {
 std::unique_ptr<Codec> codec_for_payload(const uint8_t* data, size_t size) {
   // Decoders read every parameter from the payload: the default instance serves.
   const CodecRecord& record = codec_record(read_payload_header(data, size).codec);
-  CodecParameters parameters = record.parse(Spec{record.name, {}});
+  CodecParameters parameters = record.parameters(Spec{record.name, {}});
   parameters.any_shape = true;
   return record.make(parameters);
 }

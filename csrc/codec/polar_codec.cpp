@@ -188,9 +188,9 @@ const CodecRecord& polar_record() {
       [](const Spec& spec) {
         CodecParameters p;
         p.id = CodecId::kPolar;
-        p.rate = spec.get_double("rate", 0.5);
-        p.block = spec.get_int("block", 4096);
-        p.list_size = static_cast<int>(spec.get_int("list", 1));
+        p.rate = spec.get_double("rate");
+        p.block = spec.get_int("block");
+        p.list_size = static_cast<int>(spec.get_int("list"));
         if (!(p.rate > 0.0)) throw SpecError("gradzip: spec '" + spec.str() + "': rate must be above 0");
         if (!std::has_single_bit(static_cast<uint64_t>(p.block))) {
           throw SpecError("gradzip: spec '" + spec.str() + "': block must be a power of two, got " +

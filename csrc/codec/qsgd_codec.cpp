@@ -230,10 +230,10 @@ const CodecRecord& qsgd_record() {
         }
         CodecParameters p;
         p.id = CodecId::kQsgd;
-        p.levels = spec.has("levels") ? static_cast<int>(spec.get_int("levels", 7))
-                                      : static_cast<int>((int64_t{1} << (spec.get_int("bits", 4) - 1)) - 1);
-        p.bucket = spec.get_int("bucket", 512);
-        p.max_norm = spec.get_string("norm", "l2") == "max";
+        p.levels = spec.has("levels") ? static_cast<int>(spec.get_int("levels"))
+                                      : static_cast<int>((int64_t{1} << (spec.get_int("bits") - 1)) - 1);
+        p.bucket = spec.get_int("bucket");
+        p.max_norm = spec.get_string("norm") == "max";
         return p;
       },
       [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<QsgdCodec>(p); },

@@ -117,8 +117,8 @@ const CodecRecord& randomk_record() {
       [](const Spec& spec) {
         CodecParameters p;
         p.id = CodecId::kRandomK;
-        p.density = spec.get_double("density", 0.01);
-        p.unbiased = spec.get_bool("unbiased", true);
+        p.density = spec.get_double("density");
+        p.unbiased = spec.get_bool("unbiased");
         return p;
       },
       [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<RandomKCodec>(p); },

@@ -26,8 +26,8 @@ std::vector<SpecKey> selection_keys() {
 CodecParameters parse_selection(CodecId id, const Spec& spec) {
   CodecParameters p;
   p.id = id;
-  p.density = spec.get_double("density", 0.01);
-  p.approx = spec.get_bool("approx", false);
+  p.density = spec.get_double("density");
+  p.approx = spec.get_bool("approx");
   return p;
 }
 

@@ -134,8 +134,8 @@ const CodecRecord& sign_record() {
       [](const Spec& spec) {
         CodecParameters p;
         p.id = CodecId::kSign;
-        p.majority = spec.get_string("vote", "mean") == "majority";
-        p.block = spec.get_int("block", p.majority ? 0 : 512);
+        p.majority = spec.get_string("vote") == "majority";
+        p.block = p.majority && !spec.has("block") ? 0 : spec.get_int("block");  // majority: plain signs
         if (p.majority && p.block != 0) {
           throw SpecError("gradzip: spec '" + spec.str() + "': vote=majority sends plain signs: block must be 0");
         }

@@ -70,44 +70,72 @@ std::string Spec::str() const {
 }
 
 namespace {
-[[noreturn]] void bad_value(const Spec& spec, const std::string& key, const char* expected) {
-  throw SpecError("gradzip: spec '" + spec.str() + "': key '" + key + "' expects " + expected +
-                  ", got '" + spec.params.at(key) + "'");
-}
-}  // namespace
 
-double Spec::get_double(const std::string& key, double fallback) const {
-  auto it = params.find(key);
-  if (it == params.end()) return fallback;
+[[noreturn]] void bad_value(const Spec& spec, const std::string& key, const std::string& value, const char* expected) {
+  throw SpecError("gradzip: spec '" + spec.str() + "': key '" + key + "' expects " + expected + ", got '" + value +
+                  "'");
+}
+
+const std::string& required(const Spec& spec, const std::string* value, const std::string& key) {
+  if (!value) {
+    throw std::logic_error("gradzip: spec '" + spec.str() + "' has no value and no default for key '" + key + "'");
+  }
+  return *value;
+}
+
+double parse_double(const Spec& spec, const std::string& key, const std::string& text) {
   char* end = nullptr;
   errno = 0;
-  const double v = std::strtod(it->second.c_str(), &end);
-  if (errno != 0 || end == it->second.c_str() || *end != '\0') bad_value(*this, key, "a number");
+  const double v = std::strtod(text.c_str(), &end);
+  if (errno != 0 || end == text.c_str() || *end != '\0') bad_value(spec, key, text, "a number");
   return v;
+}
+
+int64_t parse_int(const Spec& spec, const std::string& key, const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (errno != 0 || end == text.c_str() || *end != '\0') bad_value(spec, key, text, "an integer");
+  return v;
+}
+
+bool parse_bool(const Spec& spec, const std::string& key, const std::string& text) {
+  if (text == "1" || text == "true" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "off") return false;
+  bad_value(spec, key, text, "a boolean (1/0, true/false, on/off)");
+}
+
+}  // namespace
+
+const std::string* Spec::value_of(const std::string& key) const {
+  if (auto it = params.find(key); it != params.end()) return &it->second;
+  if (auto it = defaults.find(key); it != defaults.end()) return &it->second;
+  return nullptr;
+}
+
+double Spec::get_double(const std::string& key) const { return parse_double(*this, key, required(*this, value_of(key), key)); }
+int64_t Spec::get_int(const std::string& key) const { return parse_int(*this, key, required(*this, value_of(key), key)); }
+bool Spec::get_bool(const std::string& key) const { return parse_bool(*this, key, required(*this, value_of(key), key)); }
+std::string Spec::get_string(const std::string& key) const { return required(*this, value_of(key), key); }
+
+double Spec::get_double(const std::string& key, double fallback) const {
+  const std::string* value = value_of(key);
+  return value ? parse_double(*this, key, *value) : fallback;
 }
 
 int64_t Spec::get_int(const std::string& key, int64_t fallback) const {
-  auto it = params.find(key);
-  if (it == params.end()) return fallback;
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(it->second.c_str(), &end, 10);
-  if (errno != 0 || end == it->second.c_str() || *end != '\0') bad_value(*this, key, "an integer");
-  return v;
+  const std::string* value = value_of(key);
+  return value ? parse_int(*this, key, *value) : fallback;
 }
 
 bool Spec::get_bool(const std::string& key, bool fallback) const {
-  auto it = params.find(key);
-  if (it == params.end()) return fallback;
-  const std::string& v = it->second;
-  if (v == "1" || v == "true" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "off") return false;
-  bad_value(*this, key, "a boolean (1/0, true/false, on/off)");
+  const std::string* value = value_of(key);
+  return value ? parse_bool(*this, key, *value) : fallback;
 }
 
 std::string Spec::get_string(const std::string& key, const std::string& fallback) const {
-  auto it = params.find(key);
-  return it == params.end() ? fallback : it->second;
+  const std::string* value = value_of(key);
+  return value ? *value : fallback;
 }
 
 }  // namespace gradzip
@@ -186,6 +214,12 @@ void SpecKey::check(const Spec& spec) const {
   }
   if (!valid) {
     throw SpecError("gradzip: spec '" + spec.str() + "': " + name + " must be " + expects() + ", got '" + value + "'");
+  }
+}
+
+void fill_defaults(Spec& spec, const std::vector<SpecKey>& keys) {
+  for (const auto& key : keys) {
+    if (!key.default_value.empty() && !spec.params.count(key.name)) spec.defaults.emplace(key.name, key.default_value);
   }
 }
 

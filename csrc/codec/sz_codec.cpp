@@ -333,7 +333,7 @@ const CodecRecord& sz_record() {
         CodecParameters p;
         p.id = CodecId::kSz;
         parse_error_bound(spec, p);
-        const std::string predictor = spec.get_string("predictor", "auto");
+        const std::string predictor = spec.get_string("predictor");
         p.predictor = predictor == "zero" ? kZeroPredictor : predictor == "lorenzo" ? kLorenzoPredictor : 0;
         return p;
       },

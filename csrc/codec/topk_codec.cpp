@@ -129,7 +129,7 @@ class TopKCodec final : public SelectionCodec {
 
 CodecParameters parse_topk(const Spec& spec) {
   CodecParameters p = parse_selection(CodecId::kTopK, spec);
-  const std::string values = spec.get_string("values", "fp32");
+  const std::string values = spec.get_string("values");
   p.values = values == "fp16" ? ValueType::kFp16 : values == "bf16" ? ValueType::kBf16 : ValueType::kFp32;
   return p;
 }

@@ -133,9 +133,9 @@ const CodecRecord& uniform_record() {
       [](const Spec& spec) {
         CodecParameters p;
         p.id = CodecId::kUniform;
-        p.bits = static_cast<int>(spec.get_int("bits", 8));
-        p.threshold = spec.get_int("threshold", 10000);
-        p.stochastic_rounding = spec.get_string("rounding", "stochastic") == "stochastic";
+        p.bits = static_cast<int>(spec.get_int("bits"));
+        p.threshold = spec.get_int("threshold");
+        p.stochastic_rounding = spec.get_string("rounding") == "stochastic";
         return p;
       },
       [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<UniformCodec>(p); },

@@ -25,17 +25,31 @@ class SpecError : public std::invalid_argument {
 
 struct Spec {
   std::string name;
-  std::map<std::string, std::string> params;  // ordered, so str() is canonical
+  std::map<std::string, std::string> params;  // as written; ordered, so str() is canonical
+  // The key tables' defaults for the keys the spec leaves out (fill_defaults(); a
+  // BoundSpec fills in its aggregation's and its codec's). str() and has() see params only.
+  std::map<std::string, std::string> defaults;
 
   // The canonical text: name, then the keys in sorted order.
   std::string str() const;
 
+  // Whether the spec sets `key` itself.
   bool has(const std::string& key) const { return params.count(key) != 0; }
-  // Typed reads; a value that does not parse is a SpecError naming the key and the value.
+  // Typed reads of a key's value, else its default; a value that does not parse is a
+  // SpecError naming the key and the value. Without `fallback`, a key with neither is a
+  // std::logic_error (its key table gives no default: the caller must derive one).
+  double get_double(const std::string& key) const;
+  int64_t get_int(const std::string& key) const;
+  bool get_bool(const std::string& key) const;  // 1/0, true/false, on/off
+  std::string get_string(const std::string& key) const;
   double get_double(const std::string& key, double fallback) const;
   int64_t get_int(const std::string& key, int64_t fallback) const;
-  bool get_bool(const std::string& key, bool fallback) const;  // 1/0, true/false, on/off
+  bool get_bool(const std::string& key, bool fallback) const;
   std::string get_string(const std::string& key, const std::string& fallback) const;
+
+ private:
+  // The value `key` is read from: the spec's own, else its default; null for neither.
+  const std::string* value_of(const std::string& key) const;
 };
 
 Spec parse_spec(std::string_view text);
@@ -67,5 +81,7 @@ struct SpecKey {
 // Checks that every key of `spec` is one of `keys` (else a SpecError listing them, for
 // `what`, e.g. "codec 'topk'") and that every value is valid.
 void check_keys(const Spec& spec, const std::vector<SpecKey>& keys, const std::string& what);
+// Records the defaults of `keys` (those that have one) for the keys `spec` leaves out.
+void fill_defaults(Spec& spec, const std::vector<SpecKey>& keys);
 
 }  // namespace gradzip

@@ -101,7 +101,7 @@ TEST(CodecRecordTest, EveryRecordIsComplete) {
     ASSERT_NE(record->parse, nullptr) << record->name;
     ASSERT_NE(record->make, nullptr) << record->name;
     for (const auto& key : record->keys) EXPECT_FALSE(key.help.empty()) << record->name << "." << key.name;
-    const auto codec = record->make(record->parse(Spec{record->name, {}}));
+    const auto codec = record->make(record->parameters(Spec{record->name, {}}));
     EXPECT_EQ(codec->id(), record->id) << record->name;
     EXPECT_EQ(codec->name(), record->name);
     EXPECT_EQ(find_codec_record(record->name), record);
