@@ -87,7 +87,14 @@ bool CollectiveCheck::verify(const CollectiveCall& mine) {
   auto all = at::empty({size_ * width}, at::kLong);
   auto to_each = local.repeat({size_});
   std::vector<int64_t> equal_splits;
-  channel_->alltoall_base(all, to_each, equal_splits, equal_splits)->wait();
+  try {
+    channel_->alltoall_base(all, to_each, equal_splits, equal_splits)->wait();
+  } catch (const std::exception& e) {  // the transport's own words (a dead or stopped peer), with the call named
+    const c10::Error* error = dynamic_cast<const c10::Error*>(&e);
+    TORCH_CHECK(false, "gradzip: ", mine.op, " on rank ", rank_, " of ", size_,
+                " failed while the ranks confirmed the call (the collective check): ",
+                error ? error->what_without_backtrace() : e.what());
+  }
   const int64_t* f = all.data_ptr<int64_t>();
 
   auto row = [&](int r) { return f + static_cast<ptrdiff_t>(r) * width; };

@@ -12,9 +12,9 @@ starts like a fresh process: its own MASTER_PORT, the environment as it was plus
 torch's default generator at its initial seed, no process group (destroyed after every
 call). A call that fails in any way ends the processes; the next call spawns new ones.
 """
-import atexit
 import io
 import multiprocessing
+import multiprocessing.util
 import os
 import queue
 import socket
@@ -85,11 +85,16 @@ class _Ranks:
 _kept = {}
 
 
-@atexit.register
 def _close_all():
     for ranks in _kept.values():
         ranks.close(kill=False)
     _kept.clear()
+
+
+# At exit, multiprocessing joins every child it started; an atexit hook registered before
+# its own would run after that join and never tell the kept ranks to stop. A finalizer
+# with an exit priority runs first.
+multiprocessing.util.Finalize(None, _close_all, exitpriority=100)
 
 
 def run_ranks(fn, world_size, *args, timeout=240, env=None):
