@@ -11,7 +11,6 @@ reductions, bitwise identical on every rank; timeouts).
 """
 import atexit
 import os
-import secrets
 import socket
 from datetime import timedelta
 
@@ -20,6 +19,8 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllgatherOptions
 
 from ._extension import _C
+from .node_layout import (forced_layout, layout_of, layout_ranks, new_shared_memory_name, node_identity,
+                          node_transports)
 
 TRANSPORTS = ("mpi", "gloo")
 _finish_registered = False
@@ -130,17 +131,15 @@ def create_transport(rank: int, size: int, global_ranks, timeout: timedelta):
 def rendezvous_store(transport, rank: int, size: int, timeout: timedelta):
     """A TCP store for NCCL's rendezvous, found over MPI: rank 0 listens on a free port of
     its host and broadcasts the address through `transport`."""
-    address = torch.zeros(256, dtype=torch.uint8)
     server = None
     if rank == 0:
         host = os.environ.get("MASTER_ADDR") or socket.gethostname()
         server = dist.TCPStore(host, 0, size, True, timeout, wait_for_workers=False)
-        text = f"{host}:{server.port}".encode()
-        address[: len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    address = _fixed_bytes(f"{host}:{server.port}" if rank == 0 else "")
     transport.broadcast([address], dist.BroadcastOptions()).wait()
     if rank == 0:
         return server
-    host, port = bytes(address[address != 0].tolist()).decode().rsplit(":", 1)
+    host, port = _text(address).rsplit(":", 1)
     return dist.TCPStore(host, int(port), size, False, timeout)
 
 
@@ -163,7 +162,6 @@ def node_levels(transport, rank: int, size: int, global_ranks, timeout: timedelt
     the layout has no hierarchy to use. Collective over the group: node identities are
     all-gathered over MPI (no store), each rank joins its node's and its lane's
     communicators, and the node's first rank names its shared memory."""
-    from .node_layout import forced_layout, layout_of, layout_ranks, node_identity, node_transports
 
     layout = forced_layout(size)
     if layout is None:
@@ -177,6 +175,6 @@ def node_levels(transport, rank: int, size: int, global_ranks, timeout: timedelt
         return None
     node, lane = levels
     first = next(ranks for ranks in layout if rank in ranks)[0] == rank
-    name = _fixed_bytes(f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}" if first else "")
+    name = _fixed_bytes(new_shared_memory_name() if first else "")
     node.broadcast([name], dist.BroadcastOptions()).wait()
     return node, lane, layout_ranks(layout), _text(name)

@@ -89,13 +89,18 @@ def shared_memory_wanted() -> bool:
     return os.environ.get("GRADZIP_NODE_SHARED_MEMORY", "1") != "0"
 
 
+def new_shared_memory_name() -> str:
+    """A fresh POSIX shared-memory name, made by a node's first rank for the whole node."""
+    return f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}"
+
+
 def shared_memory_name(store, layout: list[list[int]], rank: int) -> str:
     """A POSIX shared-memory name for this rank's node, the same on all its ranks:
     the node's first rank makes it and publishes it in the group's store."""
     node = next(k for k, ranks in enumerate(layout) if rank in ranks)
     key = f"gradzip/shm/node{node}"
     if layout[node][0] == rank:
-        store.set(key, f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}")
+        store.set(key, new_shared_memory_name())
     return bytes(store.get(key)).decode()
 
 
@@ -122,7 +127,7 @@ def group_node_levels(group):
         return None
     node_group, lane_group = groups
     node = next(k for k, ranks in enumerate(layout) if rank in ranks)
-    name = [f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}" if layout[node][0] == rank else None]
+    name = [new_shared_memory_name() if layout[node][0] == rank else None]
     dist.broadcast_object_list(name, src=dist.get_global_rank(group, layout[node][0]), group=node_group)
     cpu = torch.device("cpu")
     return node_group._get_backend(cpu), lane_group._get_backend(cpu), layout_ranks(layout), name[0]

@@ -147,7 +147,7 @@ class MpiBackend final : public c10d::Backend {
 
   MPI_Comm comm_ = MPI_COMM_NULL;
   std::chrono::milliseconds timeout_;
-  int largest_tag_ = 32767;
+  int largest_tag_ = 0;  // MPI_TAG_UB, read by the constructor
   mpi::Clock::time_point deadline_;  // of the collective the worker runs
   int64_t call_bytes_ = 0;            // what it moves, about
   at::Tensor scratch_;                // bytes, see scratch()
