@@ -117,6 +117,10 @@ void check_compressed_spec(const BoundSpec& spec) {
     throw SpecError("gradzip: spec '" + spec.str() +
                     "': momentum correction keeps what was not sent in the residual; it needs ef=1");
   }
+  if (spec.spec().get_string("layers") == "adapt" && !has_levels(*spec.codec())) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': layers=adapt chooses each layer's density (topk, randomk, " +
+                    "stc) or levels (qsgd); codec '" + spec.codec()->name() + "' has neither");
+  }
 }
 
 namespace {
@@ -145,10 +149,15 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
-          SpecKey::choice("layers", "off", {"off", "on"},
+          SpecKey::choice("layers", "off", {"off", "on", "adapt"},
                           "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
                           "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
-                          "sends parameters under 1024 elements exact (CPU tensors); off: the bucket as one tensor"),
+                          "sends parameters under 1024 elements exact (CPU tensors); adapt as on, each parameter "
+                          "at the density (levels) of ×1/8..×8 the spec's that minimises the bucket's compression "
+                          "error within the bytes of the spec's everywhere, agreed by all ranks every adapt_every "
+                          "calls; off: the bucket as one tensor"),
+          SpecKey::integer("adapt_every", "100", 1, 9.2e18,
+                           "layers=adapt: calls of a bucket between two choices of its parameters' levels"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
                           "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
                           "exactly inside each node and compresses only across the nodes, each local rank one "
@@ -173,6 +182,7 @@ void CompressedState::save(const std::string& key, std::map<std::string, at::Ten
     out[state_name(key, "owner_residual")] = owner_residual.to(at::kCPU).clone();
     out[state_name(key, "owner_offset")] = count_tensor(owner_offset);
   }
+  if (level >= 0) out[state_name(key, "level")] = count_tensor(level);
   if (loss_scale != 1.0) out[state_name(key, "loss_scale")] = at::scalar_tensor(loss_scale, at::kDouble);
   out[state_name(key, "calls")] = count_tensor(calls);
   out[state_name(key, "step")] = count_tensor(static_cast<int64_t>(step));
@@ -187,6 +197,11 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
     owner_residual = float_state(value, name);
   } else if (field == "owner_offset") {
     owner_offset = count_of(value, name);
+  } else if (field == "level") {
+    const int64_t value_level = count_of(value, name);
+    TORCH_CHECK(value_level < 64, "gradzip: state entry '", name, "' holds level ", value_level,
+                "; a codec has at most 13 levels");
+    level = static_cast<int>(value_level);
   } else if (field == "loss_scale") {
     TORCH_CHECK(value.numel() == 1 && value.is_floating_point(), "gradzip: state entry '", name,
                 "' must hold one floating-point number");
@@ -216,7 +231,10 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed"))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
       hierarchical_(uses_node_levels(spec)),
-      layers_(spec.spec().get_string("layers") == "on"),
+      layers_(spec.spec().get_string("layers") != "off"),
+      adapt_(spec.spec().get_string("layers") == "adapt"),
+      adapt_every_(spec.spec().get_int("adapt_every")),
+      levels_(adapt_ ? codec_levels(codec_) : CodecLevels{}),
       exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
@@ -289,10 +307,71 @@ bool CompressedAllreduce::by_layers(const at::Tensor& tensor, const std::vector<
 
 CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const {
   if (!how.codec) return how;  // exact
+  const bool leveled = adapt_ && how.codec == codec_;
   for (const auto& piece : pieces) {
-    how.pieces.push_back({piece.numel, piece.numel < kSmallPiece ? exact_codec_ : how.codec});
+    std::shared_ptr<const Codec> codec = how.codec;
+    if (piece.numel < kSmallPiece) {
+      codec = exact_codec_;
+    } else if (leveled) {
+      const auto found = states_.find(piece.key);
+      const int level = found == states_.end() ? -1 : found->second.level;
+      TORCH_CHECK(level < static_cast<int>(levels_.codecs.size()), "gradzip: the state of '", piece.key,
+                  "' holds level ", level, "; this spec's codec has ", levels_.codecs.size());
+      if (level >= 0) codec = levels_.codecs[static_cast<size_t>(level)];
+    }
+    how.pieces.push_back({piece.numel, std::move(codec)});
   }
   return how;
+}
+
+bool CompressedAllreduce::adapts(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const Plan& how,
+                                 int64_t calls) const {
+  if (!adapt_ || !by_layers(tensor, pieces) || how.scheme == ExchangeScheme::kDense || how.codec != codec_) {
+    return false;
+  }
+  const int64_t since = calls - warmup_ - density_warmup_;
+  return since >= 0 && since % adapt_every_ == 0;
+}
+
+std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces,
+                                                    const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                    const EncodeContext& ctx, Stats& stats) const {
+  const auto count = static_cast<int64_t>(levels_.codecs.size());
+  std::vector<size_t> large;  // the pieces that are compressed (the small ones go exact)
+  std::vector<int64_t> offsets;
+  int64_t offset = 0;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    if (pieces[i].numel >= kSmallPiece) {
+      large.push_back(i);
+      offsets.push_back(offset);
+    }
+    offset += pieces[i].numel;
+  }
+  at::Tensor table = at::empty({static_cast<int64_t>(large.size()), count}, at::kDouble);
+  for (size_t j = 0; j < large.size(); ++j) {
+    EncodeContext piece_ctx = ctx;
+    piece_ctx.seed = seed_for_key(ctx.seed, "piece:" + std::to_string(large[j]));
+    const auto errors =
+        level_errors(levels_, encoded.narrow(0, offsets[j], pieces[large[j]].numel).contiguous(), piece_ctx);
+    for (int64_t l = 0; l < count; ++l) table[static_cast<int64_t>(j)][l] = errors[static_cast<size_t>(l)];
+  }
+  table = summed_in_rank_order(table, transport);
+  const int64_t others = transport->getSize() - 1;
+  stats.add_traffic(others * table.numel() * 8, others * table.numel() * 8);
+  if (!at::isfinite(table).all().item<bool>()) return {};
+  std::vector<std::vector<double>> error(large.size());
+  std::vector<std::vector<int64_t>> bytes(large.size());
+  const double* e = table.data_ptr<double>();
+  for (size_t j = 0; j < large.size(); ++j) {
+    for (int64_t l = 0; l < count; ++l) {
+      error[j].push_back(e[static_cast<int64_t>(j) * count + l]);
+      bytes[j].push_back(slot_bytes(*levels_.codecs[static_cast<size_t>(l)], pieces[large[j]].numel));
+    }
+  }
+  const std::vector<int> chosen = choose_levels(error, bytes, levels_.base);
+  std::vector<int> levels(pieces.size(), -1);
+  for (size_t j = 0; j < large.size(); ++j) levels[large[j]] = chosen[j];
+  return levels;
 }
 
 void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {
@@ -367,9 +446,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   // chunk, which tile it.
   for (const auto& piece : pieces) follow_loss_scale(states_[piece.key]);
   const CompressedState& first = states_[pieces.front().key];
-  CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, loss_scale_, first.calls, first.step};
+  CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, -1, loss_scale_, first.calls, first.step};
   Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
-  if (by_layers(tensors.front(), pieces)) how = with_pieces(std::move(how), pieces);
   const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
     const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);
@@ -397,6 +475,19 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       whole.owner_offset = how.owned.begin;
     }
   }
+  if (adapts(tensors.front(), pieces, how, whole.calls)) {
+    // What the encode will compress: the input, into the velocity with momentum, plus the residual.
+    at::Tensor encoded = tensors.front().detach().reshape({-1}).to(at::kFloat);
+    if (whole.velocity.defined()) encoded = whole.velocity * momentum_ + encoded;
+    if (whole.residual.defined()) encoded = encoded + whole.residual;
+    const EncodeContext ctx{seed_for_key(seed_, pieces.front().key + ":levels"), whole.step,
+                            static_cast<uint32_t>(transport->getRank())};
+    lock.unlock();
+    const std::vector<int> levels = agreed_levels(encoded.contiguous(), pieces, transport, ctx, stats);
+    lock.lock();
+    for (size_t i = 0; i < levels.size(); ++i) states_[pieces[i].key].level = levels[i];
+  }
+  if (by_layers(tensors.front(), pieces)) how = with_pieces(std::move(how), pieces);
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
   auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();

@@ -45,6 +45,7 @@
 #include <set>
 
 #include "aggregate/exchange.h"
+#include "aggregate/layer_budget.h"
 #include "aggregate/piecewise_codec.h"
 #include "aggregate/stateful_aggregation.h"
 #include "gradzip/codec.h"
@@ -58,6 +59,7 @@ struct CompressedState {
   at::Tensor owner_residual;  // two-phase: the owned chunk's, from element owner_offset
   at::Tensor velocity;        // momentum correction: u, one per element, where the residual lives
   int64_t owner_offset = 0;
+  int level = -1;  // layers=adapt: the index of its level in the codec's levels (-1: the spec's)
   double loss_scale = 1.0;  // the loss scale the residuals and the velocity are in
   int64_t calls = 0;  // all-reduces so far, exact ones included
   uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
@@ -115,8 +117,20 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // CPU, of several pieces.
   bool by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const;
   // `how` with each piece compressed by itself (pieces under kSmallPiece elements
-  // exact); the exchange the tensor as a whole would take.
+  // exact) at its level (layers=adapt, after the density warm-up); the exchange the
+  // tensor as a whole would take.
   Plan with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const;
+  // Whether the call of a tensor of `pieces` planned as `how`, its pieces' calls so far
+  // `calls`, chooses the pieces' levels again (layers=adapt): its first compressed call
+  // after the density warm-up, then every adapt_every calls.
+  bool adapts(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const Plan& how, int64_t calls) const;
+  // The pieces' levels for what this call encodes, `encoded` (each piece's input with its
+  // momentum and residual), agreed by every rank of `transport` (layer_budget.h), the
+  // error tables' bytes added to `stats`; empty when some rank's errors are not finite
+  // (the levels stay as they were). Communicates: mutex_ must not be held.
+  std::vector<int> agreed_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces,
+                                 const c10::intrusive_ptr<c10d::Backend>& transport, const EncodeContext& ctx,
+                                 Stats& stats) const;
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
   // result is all NaN and `state` is left as it was (aggregate/finite_step.h); `all_finite`
@@ -167,7 +181,10 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // either, a non-finite input reaches the result by itself, as in a dense all-reduce.
   bool agree_on_finiteness_;
   bool hierarchical_;  // the spec's hierarchy=auto, and rules that allow it
-  bool layers_;        // the spec's layers=on
+  bool layers_;        // the spec's layers=on or adapt
+  bool adapt_;         // the spec's layers=adapt
+  int64_t adapt_every_;
+  CodecLevels levels_;  // layers=adapt: codec_'s levels
   std::shared_ptr<const Codec> exact_codec_;  // identity: layer-aware's small pieces
   double loss_scale_ = 1.0;  // set_loss_scale's
   std::map<const c10d::Backend*, Hierarchy> hierarchies_;

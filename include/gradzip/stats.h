@@ -24,6 +24,11 @@ class Stats {
     received_.fetch_add(received, std::memory_order_relaxed);
     dense_.fetch_add(dense, std::memory_order_relaxed);
   }
+  // Bytes a call moved besides its payloads (layers=adapt's error tables): no call of their own.
+  void add_traffic(int64_t sent, int64_t received) {
+    sent_.fetch_add(sent, std::memory_order_relaxed);
+    received_.fetch_add(received, std::memory_order_relaxed);
+  }
   StatsSnapshot snapshot() const {
     return {calls_.load(), sent_.load(), received_.load(), dense_.load()};
   }

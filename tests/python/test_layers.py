@@ -132,3 +132,106 @@ def test_layers_in_the_two_phase_exchange(spec):
             assert torch.allclose(g.double(), exact, rtol=1e-5, atol=1e-9), name
         elif spec.startswith("sign"):  # a scale per block within the parameter: closer than 0
             assert (g.double() - exact).norm() < exact.norm(), name
+
+
+def three_layers():
+    torch.manual_seed(0)
+    # Three weights of 8192 elements; the second and third get gradients 1000 times
+    # smaller, so the spec's 1% everywhere spends most of its bytes where they matter least.
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 128))
+    for layer in (net[2], net[4]):
+        layer.weight.register_hook(lambda g: g * 1e-3)
+    return net
+
+
+def adapt_step(rank, world, spec):
+    """One exact and one compressed iteration of the three-layer model: the compressed
+    result, the exact average of the ranks' gradients, the levels, the stats."""
+    import gradzip
+    dist.init_process_group("gloo")
+    net = three_layers()
+    ddp = DDP(net)
+    state = gradzip.hooks.State(spec, model=ddp)
+    ddp.register_comm_hook(state, gradzip.hooks.hook)
+    local = three_layers()
+    for step in range(2):
+        x = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 * step + rank))
+        for m in (ddp, local):
+            m.zero_grad()
+            m(x).pow(2).sum().backward()
+    got = {name: p.grad.detach().clone() for name, p in net.named_parameters()}
+    mine = {name: p.grad.detach().clone() for name, p in local.named_parameters()}
+    everyone = [None] * world
+    dist.all_gather_object(everyone, mine)
+    exact = {name: sum(g[name].double() for g in everyone) / world for name in mine}
+    levels = {k[:-len("/level")]: int(v) for k, v in state.state_dict()["state"].items() if k.endswith("/level")}
+    return got, exact, levels, state.stats()
+
+
+def test_adapt_gives_a_layers_bytes_to_the_layer_that_loses_most():
+    """layers=adapt: every rank chooses the same levels; the layer whose gradient matters
+    gets a denser level than the spec's, the others sparser ones, the bucket sends no
+    more than with the spec's density everywhere, and its result is closer to the exact
+    average than layers=on's."""
+    world = 3
+    adapt = run_ranks(adapt_step, world, "topk:density=0.01,layers=adapt")
+    uniform = run_ranks(adapt_step, world, "topk:density=0.01,layers=on")
+    got, exact, levels, stats = adapt[0]
+    for other in adapt[1:]:
+        assert all(torch.equal(got[k], other[0][k]) for k in got), "ranks differ"
+        assert other[2] == levels
+    base = 6  # density 0.01 among 0.01 × 2^-3 .. 2^3 in steps of √2
+    assert set(levels) == {"0.weight", "2.weight", "4.weight"}, levels  # the biases go exact
+    assert levels["0.weight"] > base and levels["2.weight"] < base and levels["4.weight"] < base, levels
+    assert uniform[0][2] == {}
+    tables = (world - 1) * 3 * 13 * 8  # each rank's float64 errors of 3 weights at 13 levels, to every other rank
+    assert stats["bytes_sent"] <= uniform[0][3]["bytes_sent"] + tables, (stats, uniform[0][3])
+    error = sum((got[k].double() - exact[k]).pow(2).sum() for k in got)
+    error_uniform = sum((uniform[0][0][k].double() - exact[k]).pow(2).sum() for k in got)
+    assert error < 0.9 * error_uniform, (error, error_uniform)
+
+
+def adapt_resume(rank, world, spec):
+    """Ten SGD iterations straight, and five, a checkpoint, a new job and five more: the
+    same parameters when the levels travel in the hook's state."""
+    import copy
+    import gradzip
+    dist.init_process_group("gloo")
+
+    def make():
+        net = three_layers()
+        ddp = DDP(net)
+        state = gradzip.hooks.State(spec, model=ddp)
+        ddp.register_comm_hook(state, gradzip.hooks.hook)
+        return net, ddp, state, torch.optim.SGD(net.parameters(), lr=0.05)
+
+    def run(ddp, opt, steps):
+        for step in steps:
+            opt.zero_grad()
+            ddp(torch.randn(16, 64, generator=torch.Generator().manual_seed(7 * step + rank))).pow(2).sum().backward()
+            opt.step()
+
+    net, ddp, state, opt = make()
+    run(ddp, opt, range(10))
+    straight = [p.detach().clone() for p in net.parameters()]
+    net, ddp, state, opt = make()
+    run(ddp, opt, range(5))
+    saved = copy.deepcopy({"model": net.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()})
+    net, ddp, state, opt = make()
+    net.load_state_dict(saved["model"])
+    opt.load_state_dict(saved["opt"])
+    state.load_state_dict(saved["hook"])
+    run(ddp, opt, range(5, 10))
+    return all(torch.equal(a, b) for a, b in zip(straight, net.parameters()))
+
+
+def test_adapt_resumes_bit_exactly():
+    assert run_ranks(adapt_resume, 2, "stc:density=0.01,layers=adapt,adapt_every=3") == [True, True]
+
+
+def test_adapt_needs_a_codec_with_levels():
+    import gradzip
+    with pytest.raises(gradzip.SpecError, match="layers=adapt chooses each layer's density.*'sign' has neither"):
+        gradzip.hooks.State("sign:layers=adapt")
+    assert gradzip.hooks.State("qsgd:bits=4,layers=adapt") is not None

@@ -1,0 +1,147 @@
+// The layer budget (aggregate/layer_budget.h): the dynamic programme against every
+// choice enumerated, the budget never exceeded, the levels a codec offers, and the
+// errors of the levels against a top-k reference.
+#include "aggregate/layer_budget.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "aggregate/slots.h"
+#include "codec/codec_record.h"
+
+namespace gradzip {
+namespace {
+
+std::shared_ptr<const Codec> codec(const std::string& spec) { return make_codec(parse_spec(spec)); }
+
+int64_t bytes_of(const std::vector<std::vector<int64_t>>& bytes, const std::vector<int>& choice) {
+  int64_t total = 0;
+  for (size_t i = 0; i < choice.size(); ++i) total += bytes[i][static_cast<size_t>(choice[i])];
+  return total;
+}
+
+double error_of(const std::vector<std::vector<double>>& error, const std::vector<int>& choice) {
+  double total = 0;
+  for (size_t i = 0; i < choice.size(); ++i) total += error[i][static_cast<size_t>(choice[i])];
+  return total;
+}
+
+TEST(LayerBudgetTest, ChoosesTheLeastErrorWithinTheBudgetAsEnumerationDoes) {
+  std::mt19937 gen(7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int layers = 1 + static_cast<int>(gen() % 5);
+    const int levels = 2 + static_cast<int>(gen() % 4);
+    const int base = static_cast<int>(gen() % static_cast<unsigned>(levels));
+    // Bytes rise and errors fall with the level, as a codec's do; both at random scales.
+    std::vector<std::vector<double>> error(layers);
+    std::vector<std::vector<int64_t>> bytes(layers);
+    for (int i = 0; i < layers; ++i) {
+      const double scale = std::ldexp(1.0, static_cast<int>(gen() % 20));
+      int64_t b = 1 + static_cast<int64_t>(gen() % 50);
+      double e = scale;
+      for (int l = 0; l < levels; ++l) {
+        bytes[i].push_back(b);
+        error[i].push_back(e);
+        b += 1 + static_cast<int64_t>(gen() % 60);
+        e *= std::uniform_real_distribution<double>(0.1, 0.9)(gen);
+      }
+    }
+    int64_t budget = 0;
+    for (int i = 0; i < layers; ++i) budget += bytes[i][static_cast<size_t>(base)];
+    // Every choice, enumerated: the least error within the budget.
+    double best = error_of(error, std::vector<int>(layers, base));
+    std::vector<int> choice(layers, 0);
+    for (;;) {
+      if (bytes_of(bytes, choice) <= budget) best = std::min(best, error_of(error, choice));
+      int i = 0;
+      while (i < layers && ++choice[i] == levels) choice[i++] = 0;
+      if (i == layers) break;
+    }
+    const std::vector<int> got = choose_levels(error, bytes, base);
+    ASSERT_EQ(got.size(), static_cast<size_t>(layers));
+    EXPECT_LE(bytes_of(bytes, got), budget) << "trial " << trial;
+    // The budget's bins are finer than any byte count here: the programme is exact.
+    EXPECT_DOUBLE_EQ(error_of(error, got), best) << "trial " << trial;
+  }
+}
+
+TEST(LayerBudgetTest, LargeBudgetsStayWithinTheBudgetAndKeepTheBaseWhenNothingIsBetter) {
+  // Byte counts far above the bins: rounding up keeps every choice within the budget.
+  std::mt19937 gen(11);
+  std::vector<std::vector<double>> error(40);
+  std::vector<std::vector<int64_t>> bytes(40);
+  for (int i = 0; i < 40; ++i) {
+    for (int l = 0; l < 7; ++l) {
+      bytes[i].push_back((int64_t{1000} << l) + static_cast<int64_t>(gen() % 997));
+      error[i].push_back(std::ldexp(1.0, static_cast<int>(gen() % 30)) / (l + 1));
+    }
+  }
+  const std::vector<int> got = choose_levels(error, bytes, 3);
+  EXPECT_LE(bytes_of(bytes, got), bytes_of(bytes, std::vector<int>(40, 3)));
+  EXPECT_LE(error_of(error, got), error_of(error, std::vector<int>(40, 3)));
+  // Equal layers whose errors halve as their bytes double: more for one layer costs
+  // another more than it saves, so the base stays.
+  const std::vector<std::vector<double>> flat(3, {4.0, 2.0, 1.0});
+  const std::vector<std::vector<int64_t>> doubling(3, {10, 20, 40});
+  EXPECT_EQ(choose_levels(flat, doubling, 1), std::vector<int>(3, 1));
+}
+
+TEST(LayerBudgetTest, ALayerThatLosesMoreGetsMore) {
+  // Layer 0's gradient is spread (top-k at the base loses much), layer 1's is nearly one
+  // spike: layer 1's bytes go to layer 0 (budget 80: levels 3 and 1).
+  const std::vector<std::vector<double>> error = {{100, 80, 50, 20, 5}, {1, 0.5, 0.2, 0.1, 0}};
+  const std::vector<std::vector<int64_t>> bytes = {{10, 20, 40, 60, 80}, {10, 20, 40, 80, 160}};
+  const std::vector<int> got = choose_levels(error, bytes, 2);
+  EXPECT_EQ(got, (std::vector<int>{3, 1}));
+}
+
+TEST(LayerBudgetTest, RefusesMalformedTables) {
+  EXPECT_THROW(choose_levels({{1.0, NAN}}, {{1, 2}}, 0), c10::Error);
+  EXPECT_THROW(choose_levels({{1.0, 2.0}}, {{1}}, 0), c10::Error);
+  EXPECT_THROW(choose_levels({{1.0, 2.0}}, {{1, 2}}, 2), c10::Error);
+  EXPECT_TRUE(choose_levels({}, {}, 0).empty());
+}
+
+TEST(LayerBudgetTest, ACodecsLevelsSurroundItsOwn) {
+  const CodecLevels topk = codec_levels(codec("topk:density=0.01"));
+  ASSERT_EQ(topk.codecs.size(), 13u);
+  EXPECT_EQ(topk.base, 6);
+  for (int l = 0; l < 13; ++l) {
+    EXPECT_DOUBLE_EQ(topk.codecs[l]->parameters().density, 0.01 * std::exp2((l - 6) / 2.0));
+    if (l > 0) EXPECT_GT(slot_bytes(*topk.codecs[l], 100000), slot_bytes(*topk.codecs[l - 1], 100000));
+  }
+  // Densities above 1 are left out (0.5: 1/16 .. 1).
+  EXPECT_EQ(codec_levels(codec("stc:density=0.5")).codecs.size(), 9u);
+  // QSGD: levels + 1 halved or doubled, 1 level at the least (bits=4: 7 levels).
+  const CodecLevels qsgd = codec_levels(codec("qsgd:bits=4"));
+  std::vector<int> counts;
+  for (const auto& c : qsgd.codecs) counts.push_back(c->parameters().levels);
+  EXPECT_EQ(counts, (std::vector<int>{1, 3, 7, 15, 31, 63}));
+  EXPECT_EQ(qsgd.base, 2);
+  EXPECT_FALSE(has_levels(*codec("sign")));
+  EXPECT_THROW(codec_levels(codec("fp16")), c10::Error);
+}
+
+TEST(LayerBudgetTest, LevelErrorsAreTheSquaredDistanceToTheDecodedPayload) {
+  std::mt19937 gen(3);
+  std::normal_distribution<float> normal;
+  const int64_t n = 5000;
+  at::Tensor x = at::empty({n}, at::kFloat);
+  for (int64_t i = 0; i < n; ++i) x[i] = normal(gen);
+  const CodecLevels levels = codec_levels(codec("topk:density=0.02"));
+  const std::vector<double> errors = level_errors(levels, x, EncodeContext{});
+  ASSERT_EQ(errors.size(), levels.codecs.size());
+  const at::Tensor sorted = std::get<0>(x.to(at::kDouble).pow(2).sort(0, /*descending=*/true));
+  for (size_t l = 0; l < errors.size(); ++l) {
+    // Top-k at density d leaves the n − k smallest squares.
+    const auto k = static_cast<int64_t>(std::ceil(levels.codecs[l]->parameters().density * static_cast<double>(n)));
+    const double expected = sorted.narrow(0, k, n - k).sum().item<double>();
+    EXPECT_NEAR(errors[l], expected, 1e-9 * expected) << "level " << l;
+    if (l > 0) EXPECT_LT(errors[l], errors[l - 1]);
+  }
+}
+
+}  // namespace
+}  // namespace gradzip
