@@ -89,6 +89,7 @@ class Method:
         self.name = name
         self.group = group
         self.gossip = None
+        self.hook_spec = None  # the DDP hook's spec; its State is made in wrap(), with the model
         self.hook_state = None
         if name.startswith("backend:"):
             self.group = dist.new_group(backend="gradzip",
@@ -96,7 +97,7 @@ class Method:
         elif name.startswith(("gossip", "choco")):
             self.gossip = gradzip.Aggregation(name, group=group)
         elif name not in ("none", "torch-fp16") and not name.startswith(("torch-powersgd-", "backend:")):
-            self.hook_state = gradzip.hooks.State(name, process_group=group)
+            self.hook_spec = gradzip.Spec(name)
 
     def wrap(self, model):
         if self.gossip is not None:
@@ -109,7 +110,8 @@ class Method:
                                                 matrix_approximation_rank=int(self.name.rsplit("-", 1)[1]),
                                                 start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        elif self.hook_state is not None:
+        elif self.hook_spec is not None:
+            self.hook_state = gradzip.hooks.State(self.hook_spec, process_group=self.group, model=ddp)
             ddp.register_comm_hook(self.hook_state, gradzip.hooks.hook)
         return ddp
 

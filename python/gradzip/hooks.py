@@ -12,8 +12,9 @@ result is in place. CUDA buckets too, on a side stream that waits for the stream
 bucket was computed on; the future makes its waiters' streams wait for the result.
 Error feedback is kept per bucket index, or per parameter name when the State is given
 the model; with the model and `layers=on`, a selection codec (top-k, random-k, STC)
-selects within each parameter and sends parameters under 1024 elements exact
-(docs/spec.md, "Layer-aware compression"; CPU buckets). DDP rebuilds
+selects within each parameter and sends parameters under 1024 elements exact, and
+`layers=adapt` also chooses each parameter's density (QSGD: bits) under the bytes of the
+spec's (docs/spec.md, "Layer-aware compression"; CPU buckets). DDP rebuilds
 its buckets after the first iteration, so the first `start_iter` iterations go exact and
 compressed state starts after them. The returned future holds the bucket's buffer, as
 PyTorch's own hooks do.
