@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "work/completed_work.h"
 #include "aggregate/exact_allreduce.h"
@@ -110,6 +111,16 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
   state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
 }
 
+// The spec's `layers`, auto resolved: adapt for the codecs with levels (top-k, random-k,
+// STC, QSGD), on for sign (its block scales within each parameter), off for the rest
+// (the casts, whose small pieces would go as fp32; the error-bounded codecs, uniform, polar).
+std::string layers_of(const BoundSpec& spec) {
+  const std::string layers = spec.spec().get_string("layers");
+  if (layers != "auto") return layers;
+  if (has_levels(*spec.codec())) return "adapt";
+  return spec.codec()->id() == CodecId::kSign ? "on" : "off";
+}
+
 }  // namespace
 
 void check_compressed_spec(const BoundSpec& spec) {
@@ -117,7 +128,7 @@ void check_compressed_spec(const BoundSpec& spec) {
     throw SpecError("gradzip: spec '" + spec.str() +
                     "': momentum correction keeps what was not sent in the residual; it needs ef=1");
   }
-  if (spec.spec().get_string("layers") == "adapt" && !has_levels(*spec.codec())) {
+  if (layers_of(spec) == "adapt" && !has_levels(*spec.codec())) {
     throw SpecError("gradzip: spec '" + spec.str() + "': layers=adapt chooses each layer's density (topk, randomk, " +
                     "stc) or levels (qsgd); codec '" + spec.codec()->name() + "' has neither");
   }
@@ -149,13 +160,14 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
-          SpecKey::choice("layers", "off", {"off", "on", "adapt"},
+          SpecKey::choice("layers", "auto", {"auto", "off", "on", "adapt"},
                           "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
                           "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
                           "sends parameters under 1024 elements exact (CPU tensors); adapt as on, each parameter "
                           "at the density (levels) of ×1/8..×8 the spec's that minimises the bucket's compression "
                           "error within the bytes of the spec's everywhere, agreed by all ranks every adapt_every "
-                          "calls; off: the bucket as one tensor"),
+                          "calls; off: the bucket as one tensor; auto: adapt for topk, randomk, stc and qsgd, on "
+                          "for sign, off for the rest"),
           SpecKey::integer("adapt_every", "100", 1, 9.2e18,
                            "layers=adapt: calls of a bucket between two choices of its parameters' levels"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
@@ -231,8 +243,8 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       seed_(static_cast<uint64_t>(spec.spec().get_int("seed"))),
       agree_on_finiteness_(error_feedback_ || !codec_->carries_non_finite()),
       hierarchical_(uses_node_levels(spec)),
-      layers_(spec.spec().get_string("layers") != "off"),
-      adapt_(spec.spec().get_string("layers") == "adapt"),
+      layers_(layers_of(spec) != "off"),
+      adapt_(layers_of(spec) == "adapt"),
       adapt_every_(spec.spec().get_int("adapt_every")),
       levels_(adapt_ ? codec_levels(codec_) : CodecLevels{}),
       exact_codec_(make_codec(parse_spec("identity"))) {

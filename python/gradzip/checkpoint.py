@@ -15,15 +15,21 @@ one with an error that names both formats (CheckpointError, a ValueError).
   1  2026-11-23 on: each key's state as named tensors, "<key>/<field>". States written
      before 2026-11-26 carry no "format" field. The FSDP door, DiLoCo and the backend
      door (gradzip.state_dict) start here.
+  2  2026-11-27 on: the same fields; the hook's per-parameter compression (`layers`)
+     defaults to auto instead of off, and a layers=adapt parameter keeps its "<key>/level".
+     Migrated: a hook checkpoint of format 0 or 1 with state per parameter (model=) whose
+     spec leaves `layers` out was written under layers=off, and reads as the spec with
+     layers=off, which resumes it as it ran (a State of the bare spec refuses it, naming
+     both specs). Without model= `layers` does nothing, and the spec stays.
 
 Golden files of every format, written by the builds that shipped it, are loaded by
 tests/python/test_checkpoints.py.
 """
 import torch
 
-from .options import bind_spec
+from .options import aggregations, bind_spec
 
-FORMAT = 1
+FORMAT = 2
 
 
 class CheckpointError(ValueError):
@@ -38,7 +44,8 @@ def stamped(state: dict) -> dict:
 def hook_state(state) -> dict:
     """A gradzip.hooks.State checkpoint in this build's format."""
     old = isinstance(state, dict) and "buckets" in state and "state" not in state
-    if _format(state, "gradzip.hooks", format_0=old) == 0:
+    version = _format(state, "gradzip.hooks", format_0=old)
+    if version == 0:
         per_key = state["buckets"]
         if state.get("parameters"):  # model=: state per parameter name, one shared counter before
             calls = max(0, int(state["iteration"]) - int(state["start_iter"]))
@@ -47,7 +54,18 @@ def hook_state(state) -> dict:
         state = {"spec": state["spec"], "start_iter": state["start_iter"], "iteration": state["iteration"],
                  "state": _named_tensors(per_key, state["spec"], "gradzip.hooks")}
     _require(state, ("spec", "start_iter", "iteration", "state"), "gradzip.hooks")
+    keyed_by_parameter = any(not key.startswith("bucket:") for key in state["state"])  # State(model=...)
+    if version < 2 and keyed_by_parameter:
+        state = {**state, "spec": _written_under_layers_off(state["spec"])}
     return state
+
+
+def _written_under_layers_off(spec: str) -> str:
+    """A spec of formats 0 and 1 as this build reads it: `layers` was off by default then."""
+    bound = bind_spec(spec)
+    if "layers" in bound.params or "layers" not in aggregations()[bound.name]["keys"]:
+        return spec
+    return str(bind_spec(f"{spec}{',' if ':' in spec else ':'}layers=off"))
 
 
 def aggregation_state(state) -> dict:

@@ -11,10 +11,11 @@ computes the gradients of the next buckets; the future completes when the bucket
 result is in place. CUDA buckets too, on a side stream that waits for the stream the
 bucket was computed on; the future makes its waiters' streams wait for the result.
 Error feedback is kept per bucket index, or per parameter name when the State is given
-the model; with the model and `layers=on`, a selection codec (top-k, random-k, STC)
-selects within each parameter and sends parameters under 1024 elements exact, and
-`layers=adapt` also chooses each parameter's density (QSGD: bits) under the bytes of the
-spec's (docs/spec.md, "Layer-aware compression"; CPU buckets). DDP rebuilds
+the model. With the model, a bucket is compressed parameter by parameter (CPU buckets;
+docs/spec.md, "Layer-aware compression"): by default (`layers=auto`) top-k, random-k,
+STC and QSGD choose each parameter's density (QSGD: levels) under the bytes of the
+spec's, sign keeps its block scales within each parameter, and parameters under 1024
+elements go exact; `layers=off` compresses each bucket as one tensor. DDP rebuilds
 its buckets after the first iteration, so the first `start_iter` iterations go exact and
 compressed state starts after them. The returned future holds the bucket's buffer, as
 PyTorch's own hooks do.
@@ -46,8 +47,8 @@ class State:
         because DDP rebuilds its buckets after the first iteration (default 1).
     model: the DDP model (or the module it wraps). When given, error feedback is kept
         per parameter name instead of per bucket, which survives DDP's bucket rebuild
-        and a resume, and lets `layers=on` select per parameter (default None: per
-        bucket index, one selection per bucket).
+        and a resume, and lets the spec's `layers` compress per parameter (default None:
+        per bucket index, each bucket as one tensor).
     scaler: the torch.amp.GradScaler that scales the loss (default None: none). Its
         scale is read at each iteration's first bucket, and error feedback rescales its
         residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").
@@ -93,8 +94,12 @@ class State:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = hook_state(state)
         if bind_spec(state["spec"]) != self.spec:
+            hint = ""
+            if "layers" in bind_spec(state["spec"]).params and "layers" not in self.spec.params:
+                hint = (" (a checkpoint of gradzip's format 0 or 1 ran with layers=off, the default then: give "
+                        "State that spec to resume it as it ran)")
             raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs "
-                             f"{str(self.spec)!r}")
+                             f"{str(self.spec)!r}{hint}")
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
         self._aggregation.load_state_dict(state["state"])
 

@@ -50,8 +50,8 @@ def one_parameter():
     return model
 
 
-def scenario(rank, world_size, door, saved=None):
-    return globals()[f"_{door}"](rank, world_size, SPECS[door], saved)
+def scenario(rank, world_size, door, saved=None, spec=None):
+    return globals()[f"_{door}"](rank, world_size, spec or SPECS[door], saved)
 
 
 def saved_now(checkpoint):

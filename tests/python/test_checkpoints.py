@@ -12,7 +12,9 @@ from ranks import run_ranks
 
 GOLDEN = Path(__file__).resolve().parent / "checkpoints"
 # Written by the builds that shipped each format (checkpoints/README.md).
-SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": tuple(SPECS), "format1": tuple(SPECS)}
+SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": tuple(SPECS), "format1": tuple(SPECS),
+        "format2": tuple(SPECS)}
+STAMPED = {"format1": 1, "format2": 2}
 # Doors whose resumed step is not the writer's bit for bit, and why (checkpoint.py).
 NOT_BIT_EXACT = {}
 
@@ -25,10 +27,10 @@ def golden(name, door):
 def test_a_golden_checkpoint_resumes_as_its_writer_did(name, door):
     saved = golden(name, door)
     assert saved["spec"] == SPECS[door] and saved["world_size"] == 2
-    if name == "format1":
+    if name in STAMPED:
         stamps = [c["fsdp"] if door == "fsdp" else c["diloco"] if door == "diloco" else
                   c["hook"] if door.startswith("hook") else c for c in saved["checkpoints"]]
-        assert all(s["format"] == 1 for s in stamps)
+        assert all(s["format"] == STAMPED[name] for s in stamps)
     resumed = run_ranks(_resume, 2, door, saved["checkpoints"])
     for rank, (mine, theirs) in enumerate(zip(resumed, saved["outputs"])):
         assert len(mine) == len(theirs)
@@ -37,14 +39,19 @@ def test_a_golden_checkpoint_resumes_as_its_writer_did(name, door):
 
 
 def _resume(rank, world_size, door, checkpoints):
-    return scenario(rank, world_size, door, checkpoints[rank])["outputs"]
+    """The scenario resumed from the checkpoint, under the spec it reads as (a hook with
+    model= of formats 0 and 1: its spec with layers=off, the default it ran under)."""
+    import gradzip
+    saved = checkpoints[rank]
+    spec = gradzip.checkpoint.hook_state(saved["hook"])["spec"] if door.startswith("hook") else None
+    return scenario(rank, world_size, door, saved, spec)["outputs"]
 
 
 def test_the_golden_files_are_this_builds_format():
     """What this build writes today is what format1/ holds (the same scenario, run now)."""
     import gradzip
     now = run_ranks(scenario, 2, "aggregation")
-    saved = golden("format1", "aggregation")
+    saved = golden("format2", "aggregation")
     for mine, theirs in zip(now, saved["checkpoints"]):
         assert mine["checkpoint"]["format"] == gradzip.checkpoint.FORMAT == theirs["format"]
         assert sorted(mine["checkpoint"]["tensors"]) == sorted(theirs["tensors"])
@@ -63,6 +70,23 @@ def test_format_0_migrates_to_named_tensors():
     state = checkpoint.aggregation_state(old)
     assert torch.equal(state["tensors"]["tensor/residual"], old["tensors"]["tensor"]["residual"].flatten())
     assert int(state["tensors"]["tensor/step"]) == old["tensors"]["tensor"]["step"]
+
+
+@pytest.mark.parametrize("name", ["format0", "format1"])
+def test_a_hook_with_the_model_before_format_2_reads_as_layers_off(name):
+    """Formats 0 and 1 ran the hook with layers=off by default: with model= their spec
+    reads as layers=off, and a State of the bare spec (layers=auto now) refuses them by
+    name; without model= the spec stays (layers does nothing there)."""
+    import gradzip
+    saved = golden(name, "hook_model")["checkpoints"][0]["hook"]
+    assert gradzip.checkpoint.hook_state(saved)["spec"] == "sign:block=0,layers=off"
+    state = gradzip.hooks.State(SPECS["hook_model"], model=torch.nn.Linear(40, 2))
+    with pytest.raises(ValueError, match="saved state is for 'sign:block=0,layers=off'.*ran with layers=off"):
+        state.load_state_dict(saved)
+    plain = golden(name, "hook")["checkpoints"][0]["hook"]
+    assert gradzip.checkpoint.hook_state(plain)["spec"] == SPECS["hook"]
+    now = golden("format2", "hook_model")["checkpoints"][0]["hook"]
+    assert gradzip.checkpoint.hook_state(now)["spec"] == SPECS["hook_model"]
 
 
 @pytest.mark.parametrize("door,read", [("gradzip.hooks", "hook_state"), ("gradzip.Aggregation", "aggregation_state")])

@@ -80,9 +80,9 @@ def test_the_hook_with_a_model_selects_within_each_parameter(codec):
         assert residuals[f"{name}/residual"].count_nonzero() >= g.numel() - k - 1, name
 
 
-def test_by_default_one_selection_spans_the_bucket():
+def test_layers_off_spans_the_bucket_with_one_selection():
     world, density = 3, 0.01
-    outs = run_ranks(hook_step, world, "topk:density=0.01", density)
+    outs = run_ranks(hook_step, world, "topk:density=0.01,layers=off", density)
     got, everyone = outs[0][0], outs[0][1]
     names = list(got)
     flat = [torch.cat([ranks[n].view(-1) for n in names]) for ranks in everyone]
@@ -228,6 +228,19 @@ def adapt_resume(rank, world, spec):
 
 def test_adapt_resumes_bit_exactly():
     assert run_ranks(adapt_resume, 2, "stc:density=0.01,layers=adapt,adapt_every=3") == [True, True]
+
+
+def test_by_default_codecs_with_levels_adapt_and_sign_goes_per_parameter():
+    """layers=auto (the default): a bare `stc:density=0.01` at the hook with the model
+    chooses levels as layers=adapt does, bit for bit; sign compresses per parameter."""
+    world = 3
+    bare = run_ranks(adapt_step, world, "stc:density=0.01")
+    adapt = run_ranks(adapt_step, world, "stc:density=0.01,layers=adapt")
+    assert bare[0][2] == adapt[0][2] and bare[0][2], bare[0][2]
+    assert all(torch.equal(bare[0][0][k], adapt[0][0][k]) for k in bare[0][0])
+    sign = run_ranks(adapt_step, world, "sign")
+    sign_on = run_ranks(adapt_step, world, "sign:layers=on")
+    assert all(torch.equal(sign[0][0][k], sign_on[0][0][k]) for k in sign[0][0])
 
 
 def test_adapt_needs_a_codec_with_levels():

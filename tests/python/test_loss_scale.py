@@ -78,7 +78,8 @@ def train_with_scaler(rank, world, growing, told):
     torch.manual_seed(0)
     model = DDP(torch.nn.Sequential(torch.nn.Linear(20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=1 if growing else 10_000)
-    state = gradzip.hooks.State("topk:density=0.1", model=model, scaler=scaler if told else None)
+    # layers=off: per parameter, this model's parameters (under 1024 elements) would go exact.
+    state = gradzip.hooks.State("topk:density=0.1,layers=off", model=model, scaler=scaler if told else None)
     model.register_comm_hook(state, gradzip.hooks.hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     g = torch.Generator().manual_seed(rank)
