@@ -314,7 +314,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
 }
 
 bool CompressedAllreduce::by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const {
-  return layers_ && tensor.is_cpu() && pieces.size() > 1;
+  return layers_ && tensor.is_cpu();
 }
 
 CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const {
