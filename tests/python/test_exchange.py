@@ -203,7 +203,8 @@ def pieces_against_whole(rank, world, spec):
 
 def test_pieces_keep_state_across_bucket_layouts():
     world = 3
-    outs = run_ranks(pieces_against_whole, world, "topk:density=0.05,exchange=twophase")
+    # layers=off: the bucket of pieces compressed as one tensor, as the whole is.
+    outs = run_ranks(pieces_against_whole, world, "topk:density=0.05,exchange=twophase,layers=off")
     assert all(o[0] for o in outs)
     held = torch.zeros(800, dtype=torch.float64)
     starts = {"a": 0, "b": 300, "c": 701}
