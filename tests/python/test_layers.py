@@ -193,10 +193,9 @@ def test_adapt_gives_a_layers_bytes_to_the_layer_that_loses_most():
 
 
 def adapt_resume(rank, world, spec):
-    """Ten SGD iterations straight, and five, a checkpoint, a new job and five more: the
-    same parameters when the levels travel in the hook's state."""
-    import copy
+    """Per parameter, the levels travel in the hook's state: a resumed job continues bit for bit."""
     import gradzip
+    from hook_resume import resumes_bit_exactly
     dist.init_process_group("gloo")
 
     def make():
@@ -206,28 +205,12 @@ def adapt_resume(rank, world, spec):
         ddp.register_comm_hook(state, gradzip.hooks.hook)
         return net, ddp, state, torch.optim.SGD(net.parameters(), lr=0.05)
 
-    def run(ddp, opt, steps):
-        for step in steps:
-            opt.zero_grad()
-            ddp(torch.randn(16, 64, generator=torch.Generator().manual_seed(7 * step + rank))).pow(2).sum().backward()
-            opt.step()
-
-    net, ddp, state, opt = make()
-    run(ddp, opt, range(10))
-    straight = [p.detach().clone() for p in net.parameters()]
-    net, ddp, state, opt = make()
-    run(ddp, opt, range(5))
-    saved = copy.deepcopy({"model": net.state_dict(), "opt": opt.state_dict(), "hook": state.state_dict()})
-    net, ddp, state, opt = make()
-    net.load_state_dict(saved["model"])
-    opt.load_state_dict(saved["opt"])
-    state.load_state_dict(saved["hook"])
-    run(ddp, opt, range(5, 10))
-    return all(torch.equal(a, b) for a, b in zip(straight, net.parameters()))
+    return resumes_bit_exactly(make, lambda step: torch.randn(16, 64, generator=torch.Generator().manual_seed(7 * step + rank)))
 
 
-def test_adapt_resumes_bit_exactly():
-    assert run_ranks(adapt_resume, 2, "stc:density=0.01,layers=adapt,adapt_every=3") == [True, True]
+@pytest.mark.parametrize("spec", ["stc:density=0.01,layers=adapt,adapt_every=3", "topk:density=0.01", "sign:block=0"])
+def test_per_parameter_compression_resumes_bit_exactly(spec):
+    assert run_ranks(adapt_resume, 2, spec) == [True, True]
 
 
 def test_by_default_codecs_with_levels_adapt_and_sign_goes_per_parameter():
