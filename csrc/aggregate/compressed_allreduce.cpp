@@ -211,8 +211,8 @@ void CompressedState::load(const std::string& field, const at::Tensor& value, co
     owner_offset = count_of(value, name);
   } else if (field == "level") {
     const int64_t value_level = count_of(value, name);
-    TORCH_CHECK(value_level < 64, "gradzip: state entry '", name, "' holds level ", value_level,
-                "; a codec has at most 13 levels");
+    TORCH_CHECK(value_level < kMaxLevels, "gradzip: state entry '", name, "' holds level ", value_level,
+                "; a codec has at most ", kMaxLevels, " levels");
     level = static_cast<int>(value_level);
   } else if (field == "loss_scale") {
     TORCH_CHECK(value.numel() == 1 && value.is_floating_point(), "gradzip: state entry '", name,
@@ -313,7 +313,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   return plan;
 }
 
-bool CompressedAllreduce::by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const {
+bool CompressedAllreduce::by_layers(const at::Tensor& tensor) const {
   return layers_ && tensor.is_cpu();
 }
 
@@ -336,9 +336,8 @@ CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const std::
   return how;
 }
 
-bool CompressedAllreduce::adapts(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const Plan& how,
-                                 int64_t calls) const {
-  if (!adapt_ || !by_layers(tensor, pieces) || how.scheme == ExchangeScheme::kDense || how.codec != codec_) {
+bool CompressedAllreduce::adapts(const at::Tensor& tensor, const Plan& how, int64_t calls) const {
+  if (!adapt_ || !by_layers(tensor) || how.scheme == ExchangeScheme::kDense || how.codec != codec_) {
     return false;
   }
   const int64_t since = calls - warmup_ - density_warmup_;
@@ -361,10 +360,8 @@ std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, c
   }
   at::Tensor table = at::empty({static_cast<int64_t>(large.size()), count}, at::kDouble);
   for (size_t j = 0; j < large.size(); ++j) {
-    EncodeContext piece_ctx = ctx;
-    piece_ctx.seed = seed_for_key(ctx.seed, "piece:" + std::to_string(large[j]));
-    const auto errors =
-        level_errors(levels_, encoded.narrow(0, offsets[j], pieces[large[j]].numel).contiguous(), piece_ctx);
+    const auto errors = level_errors(levels_, encoded.narrow(0, offsets[j], pieces[large[j]].numel).contiguous(),
+                                     piece_context(ctx, large[j]));
     for (int64_t l = 0; l < count; ++l) table[static_cast<int64_t>(j)][l] = errors[static_cast<size_t>(l)];
   }
   table = summed_in_rank_order(table, transport);
@@ -487,7 +484,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       whole.owner_offset = how.owned.begin;
     }
   }
-  if (adapts(tensors.front(), pieces, how, whole.calls)) {
+  if (adapts(tensors.front(), how, whole.calls)) {
     // What the encode will compress: the input, into the velocity with momentum, plus the residual.
     at::Tensor encoded = tensors.front().detach().reshape({-1}).to(at::kFloat);
     if (whole.velocity.defined()) encoded = whole.velocity * momentum_ + encoded;
@@ -499,7 +496,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
     lock.lock();
     for (size_t i = 0; i < levels.size(); ++i) states_[pieces[i].key].level = levels[i];
   }
-  if (by_layers(tensors.front(), pieces)) how = with_pieces(std::move(how), pieces);
+  if (by_layers(tensors.front())) how = with_pieces(std::move(how), pieces);
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
   auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();

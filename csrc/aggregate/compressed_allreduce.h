@@ -113,17 +113,16 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
-  // Whether a tensor made of `pieces` is compressed piece by piece (layers=on): on the
-  // CPU, of several pieces.
-  bool by_layers(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces) const;
+  // Whether a tensor of pieces is compressed piece by piece (layers=on or adapt): on the CPU.
+  bool by_layers(const at::Tensor& tensor) const;
   // `how` with each piece compressed by itself (pieces under kSmallPiece elements
   // exact) at its level (layers=adapt, after the density warm-up); the exchange the
   // tensor as a whole would take.
   Plan with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const;
-  // Whether the call of a tensor of `pieces` planned as `how`, its pieces' calls so far
+  // Whether the call of a tensor of pieces planned as `how`, its pieces' calls so far
   // `calls`, chooses the pieces' levels again (layers=adapt): its first compressed call
   // after the density warm-up, then every adapt_every calls.
-  bool adapts(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const Plan& how, int64_t calls) const;
+  bool adapts(const at::Tensor& tensor, const Plan& how, int64_t calls) const;
   // The pieces' levels for what this call encodes, `encoded` (each piece's input with its
   // momentum and residual), agreed by every rank of `transport` (layer_budget.h), the
   // error tables' bytes added to `stats`; empty when some rank's errors are not finite

@@ -17,6 +17,7 @@ namespace {
 // in steps of 2 (a bit each).
 constexpr int kDensitySteps = 6;
 constexpr int kLevelSteps = 3;
+static_assert(2 * kDensitySteps + 1 == kMaxLevels && kLevelSteps <= kDensitySteps);
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 

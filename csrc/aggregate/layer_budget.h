@@ -28,6 +28,9 @@ struct CodecLevels {
   int base = 0;
 };
 
+// The most levels a codec has (densities ×2^-3 .. ×2^3 in steps of √2).
+constexpr int kMaxLevels = 13;
+
 // Whether `codec` has levels to choose among (a density or QSGD's levels).
 bool has_levels(const Codec& codec);
 // The levels of `codec` (has_levels must hold).

@@ -42,17 +42,15 @@ class PiecewiseTensorCodec final : public TensorCodec {
     return std::make_unique<PiecewiseTensorCodec>(std::move(cut));
   }
 
-  // Piece i is encoded with a seed of its own, so that pieces draw independent numbers.
+  // Piece i is encoded under piece_context(ctx, i).
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
     check_numel(x.numel());
     TORCH_CHECK(slot.numel() >= bytes_, "gradzip: a piecewise slot has ", bytes_, " bytes, got ", slot.numel());
     for (size_t i = 0; i < parts_.size(); ++i) {
       const Part& p = parts_[i];
-      EncodeContext piece_ctx = ctx;
-      piece_ctx.seed = seed_for_key(ctx.seed, "piece:" + std::to_string(i));
       p.codec->encode(x.narrow(0, p.offset, p.numel),
-                      residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), piece_ctx,
+                      residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), piece_context(ctx, i),
                       slot.narrow(0, p.slot_offset, p.slot_bytes));
     }
     slot.narrow(0, bytes_, slot.numel() - bytes_).zero_();  // a chunk's slot may be longer
@@ -126,6 +124,12 @@ class PiecewiseTensorCodec final : public TensorCodec {
 };
 
 }  // namespace
+
+EncodeContext piece_context(const EncodeContext& ctx, size_t piece) {
+  EncodeContext of_piece = ctx;
+  of_piece.seed = seed_for_key(ctx.seed, "piece:" + std::to_string(piece));
+  return of_piece;
+}
 
 std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces) {
   return std::make_unique<PiecewiseTensorCodec>(std::move(pieces));

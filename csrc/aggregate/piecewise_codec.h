@@ -26,6 +26,10 @@ struct CodecPiece {
 // 1% would be a handful, and exact they cost next to nothing.
 constexpr int64_t kSmallPiece = 1024;
 
+// The context piece `piece` (its index in the tensor) is encoded under: a seed of its own,
+// so that pieces draw independent numbers.
+EncodeContext piece_context(const EncodeContext& ctx, size_t piece);
+
 // The piecewise codec of a tensor that is `pieces` end to end (at least one).
 std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces);
 
