@@ -23,6 +23,33 @@ const SpecKey& bound_key() {
   return key;
 }
 
+struct Range {
+  float low, high;
+  bool non_finite;
+};
+
+// One pass: the range, and whether any exponent field is all ones (Inf or NaN); compares
+// and integer ORs that vectorize.
+[[gnu::always_inline]] inline Range range_of(const float* u, int64_t n) {
+  float low = INFINITY, high = -INFINITY;
+  uint32_t non_finite = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    low = u[i] < low ? u[i] : low;
+    high = u[i] > high ? u[i] : high;
+    uint32_t bits;
+    std::memcpy(&bits, u + i, 4);
+    non_finite |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
+  }
+  return {low, high, non_finite != 0};
+}
+
+Range range_baseline(const float* u, int64_t n) { return range_of(u, n); }
+
+// The same loop compiled for AVX2 (eight lanes where the baseline build has four).
+__attribute__((target("avx2"))) Range range_avx2(const float* u, int64_t n) { return range_of(u, n); }
+
+const bool kHasAvx2 = __builtin_cpu_supports("avx2");
+
 bool has_key(const CodecRecord& record, const std::string& name) {
   for (const auto& key : record.keys) {
     if (key.name == name) return true;
@@ -55,24 +82,14 @@ Spec with_absolute_bound(Spec spec, double bound) {
 }
 
 double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec) {
-  // One pass: the range, and whether any exponent field is all ones (Inf or NaN); compares
-  // and integer ORs that vectorize.
-  float low = INFINITY, high = -INFINITY;
-  uint32_t non_finite = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    low = u[i] < low ? u[i] : low;
-    high = u[i] > high ? u[i] : high;
-    uint32_t bits;
-    std::memcpy(&bits, u + i, 4);
-    non_finite |= static_cast<uint32_t>((bits & 0x7F800000u) == 0x7F800000u);
-  }
-  if (non_finite) {
+  const Range range = kHasAvx2 ? range_avx2(u, n) : range_baseline(u, n);
+  if (range.non_finite) {
     throw std::invalid_argument(std::string("gradzip: ") + codec +
                                 ": the tensor holds Inf or NaN, which no error bound can cover");
   }
   if (!p.relative_bound) return p.bound;
   if (n == 0) return 0.0;
-  return p.bound * (static_cast<double>(high) - static_cast<double>(low));
+  return p.bound * (static_cast<double>(range.high) - static_cast<double>(range.low));
 }
 
 }  // namespace gradzip

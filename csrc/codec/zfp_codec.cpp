@@ -1,7 +1,5 @@
 #include "codec/zfp_codec.h"
 
-#include <zfp.h>
-
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -9,63 +7,18 @@
 #include "codec/codec_base.h"
 #include "codec/error_bound.h"
 #include "codec/wire.h"
+#include "codec/zfp_prediction.h"
+#include "codec/zfp_stream.h"
 
 namespace gradzip {
 namespace {
 
 constexpr uint8_t kZfpFormat = 0, kRaw = 1;
-constexpr uint8_t kAccuracy = 0, kReversible = 1;
 constexpr size_t kCorrectionBytes = 12;
-
-// One ZFP stream over a 1-D float field, its resources released with it.
-class ZfpStream {
- public:
-  ZfpStream(float* values, int64_t n, uint8_t mode, double tolerance)
-      : field_(zfp_field_1d(values, zfp_type_float, static_cast<size_t>(n))), stream_(zfp_stream_open(nullptr)) {
-    if (!field_ || !stream_) throw std::bad_alloc();
-    if (mode == kReversible) {
-      zfp_stream_set_reversible(stream_);
-    } else {
-      zfp_stream_set_accuracy(stream_, tolerance);
-    }
-  }
-  ~ZfpStream() {
-    if (bits_) stream_close(bits_);
-    zfp_stream_close(stream_);
-    zfp_field_free(field_);
-  }
-  ZfpStream(const ZfpStream&) = delete;
-  ZfpStream& operator=(const ZfpStream&) = delete;
-
-  size_t maximum_bytes() const { return zfp_stream_maximum_size(stream_, field_); }
-  // Compresses the field into buffer[0..capacity) and returns the bytes written.
-  size_t compress(uint8_t* buffer, size_t capacity) {
-    attach(buffer, capacity);
-    return zfp_compress(stream_, field_);
-  }
-  // Decompresses buffer[0..capacity) into the field; returns the bytes read (0: failed).
-  size_t decompress(uint8_t* buffer, size_t capacity) {
-    attach(buffer, capacity);
-    return zfp_decompress(stream_, field_);
-  }
-
- private:
-  void attach(uint8_t* buffer, size_t capacity) {
-    if (bits_) stream_close(bits_);
-    bits_ = stream_open(buffer, capacity);
-    if (!bits_) throw std::bad_alloc();
-    zfp_stream_set_bit_stream(stream_, bits_);
-    zfp_stream_rewind(stream_);
-  }
-
-  zfp_field* field_;
-  zfp_stream* stream_;
-  bitstream* bits_ = nullptr;
-};
 
 struct ZfpLayout {
   uint8_t format;
-  uint8_t mode = kAccuracy;
+  uint8_t mode = kZfpAccuracy;
   double tolerance = 0.0;
   uint64_t corrections = 0;
   wire::Section stream, correction_entries, raw;
@@ -79,9 +32,9 @@ ZfpLayout read_zfp_layout(wire::Reader& r, int64_t n) {
     layout.raw = r.take(static_cast<uint64_t>(n) * 4, "raw values");
   } else if (layout.format == kZfpFormat) {
     layout.mode = r.get<uint8_t>("zfp mode");
-    if (layout.mode != kAccuracy && layout.mode != kReversible) r.fail("unknown zfp mode " + std::to_string(layout.mode));
+    if (layout.mode != kZfpAccuracy && layout.mode != kZfpReversible) r.fail("unknown zfp mode " + std::to_string(layout.mode));
     layout.tolerance = r.get<double>("tolerance");
-    if (layout.mode == kAccuracy && !(layout.tolerance > 0.0 && std::isfinite(layout.tolerance))) {
+    if (layout.mode == kZfpAccuracy && !(layout.tolerance > 0.0 && std::isfinite(layout.tolerance))) {
       r.fail("the tolerance is not a finite number above 0");
     }
     const uint64_t stream_bytes = r.get<uint64_t>("stream bytes");
@@ -148,20 +101,27 @@ class ZfpCodec final : public ValueCodec {
       w.put<uint8_t>(kRaw);
       return;
     }
-    const uint8_t mode = eb > 0.0 ? kAccuracy : kReversible;
-    std::vector<float> input(u, u + n);  // ZFP's field pointer is not const
-    ZfpStream encoder(input.data(), n, mode, eb);
-    std::vector<uint8_t> stream(encoder.maximum_bytes());
-    const size_t stream_bytes = encoder.compress(stream.data(), stream.size());
+    const uint8_t mode = eb > 0.0 ? kZfpAccuracy : kZfpReversible;
+    ZfpStream encoder(const_cast<float*>(u), n, mode, eb);  // zfp_compress only reads the field
+    const size_t capacity = encoder.maximum_bytes();
+    const auto stream = std::make_unique_for_overwrite<uint8_t[]>(capacity);
+    const size_t stream_bytes = encoder.compress(stream.get(), capacity);
     if (stream_bytes == 0) throw std::runtime_error("gradzip: zfp failed to compress " + std::to_string(n) + " elements");
-    std::vector<float> decoded(static_cast<size_t>(n));
-    ZfpStream decoder(decoded.data(), n, mode, eb);
-    if (decoder.decompress(stream.data(), stream.size()) == 0) {
-      throw std::runtime_error("gradzip: zfp failed to decode its own stream");
-    }
+    // The elements the receiver will decode outside the bound: predicted where the
+    // prediction is exact for this libzfp (zfp_prediction.h), else found by decoding.
     std::vector<uint64_t> corrections;
-    for (int64_t i = 0; i < n; ++i) {
-      if (!within_bound(decoded[i], u[i], eb)) corrections.push_back(static_cast<uint64_t>(i));
+    const bool predicted = mode == kZfpAccuracy && zfp_prediction_matches_library() &&
+                           zfp_values_outside_bound(u, n, eb, corrections);
+    if (!predicted) {
+      corrections.clear();
+      const auto decoded = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(n));
+      ZfpStream decoder(decoded.get(), n, mode, eb);
+      if (decoder.decompress(stream.get(), capacity) == 0) {
+        throw std::runtime_error("gradzip: zfp failed to decode its own stream");
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        if (!within_bound(decoded[i], u[i], eb)) corrections.push_back(static_cast<uint64_t>(i));
+      }
     }
     if (1 + 1 + 8 + 8 + 8 + stream_bytes + corrections.size() * kCorrectionBytes >= raw_bytes + 1) {
       w.put<uint8_t>(kRaw);
@@ -173,7 +133,7 @@ class ZfpCodec final : public ValueCodec {
     w.put<double>(eb);
     w.put<uint64_t>(stream_bytes);
     w.put<uint64_t>(corrections.size());
-    std::memcpy(w.reserve(stream_bytes), stream.data(), stream_bytes);
+    std::memcpy(w.reserve(stream_bytes), stream.get(), stream_bytes);
     for (uint64_t index : corrections) {
       w.put<uint64_t>(index);
       w.put<float>(u[index]);

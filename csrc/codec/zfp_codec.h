@@ -1,7 +1,10 @@
 // zfp: ZFP's fixed-accuracy mode (Lindstrom, 2014; Debian's libzfp) on the flattened
-// tensor, with a guarantee ZFP alone does not give: the encoder decodes its own stream
-// and sends every element that left the bound exactly (a correction), so every decoded
-// element is within eb of its input (error_bound.h). An eb of 0 (rel on a constant
+// tensor, with a guarantee ZFP alone does not give (it leaves values outside its tolerance
+// in rare blocks, llnl/zfp#62): the encoder learns what the receiver will decode, by
+// predicting it (zfp_prediction.h: exact, and a fraction of a decode's cost) or, where the
+// prediction does not reach, by decoding its own stream, and sends every element that left
+// the bound exactly (a correction), so every decoded element is within eb of its input
+// (error_bound.h). An eb of 0 (rel on a constant
 // tensor) uses ZFP's reversible, lossless mode. When the stream and its corrections would
 // not beat 4 bytes per element the payload carries the floats instead.
 //

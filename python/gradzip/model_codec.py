@@ -184,7 +184,7 @@ def compress_model(model, spec: str, batched: bool = False, state: Optional[Mode
         lossy = raw is not None
         if not lossy:
             raw = _exact_bytes(tensor)
-        stored = _C.lossless_compress(lossless, raw)
+        stored = raw if lossless == "none" else _C.lossless_compress(lossless, raw)
         name = path.encode()
         chunks += [struct.pack("<H", len(name)), name,
                    _ENTRY.pack(_PAYLOAD if lossy else _EXACT, _DTYPES.index(tensor.dtype), tensor.dim(), len(raw),
