@@ -58,6 +58,7 @@ bench: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 8 benchmarks/consensus.py
 	$(PYTHON) benchmarks/federated.py
 	$(PYTHON) benchmarks/decoder_cost.py
+	$(PYTHON) benchmarks/model_codecs.py
 
 clean:
 	rm -rf build build-sanitize build-fuzz python/gradzip/_C*.so

@@ -239,6 +239,19 @@ def test_decoder_cost_benchmark_quick(tmp_path):
     assert rows["identity"]["payload_bytes"] == 16 + 4 * (1 << 16)
 
 
+def test_model_codecs_benchmark_quick(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_codecs.py"), "--quick", "--bounds", "1e-3",
+                           "--json", str(tmp_path / "m.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = {row["method"]: row for row in json.loads((tmp_path / "m.json").read_text())["rows"]}
+    assert {"libzfp alone", "gradzip zfp codec, each tensor", "gradzip zfp, lossless=none",
+            "gradzip sz (zstd after)"} <= set(rows)
+    # The codec writes libzfp's stream: the same bytes but for its header and corrections.
+    alone, codec = rows["libzfp alone"], rows["gradzip zfp codec, each tensor"]
+    assert abs(codec["ratio"] - alone["ratio"]) < 0.02 * alone["ratio"], (codec, alone)
+    assert rows["gradzip sz (zstd after)"]["ratio"] > codec["ratio"]
+
+
 def _netns_usable():
     """None when this machine lets netns.sh build its network (root, namespaces, veth, tbf);
     else why not."""
