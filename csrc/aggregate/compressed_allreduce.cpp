@@ -132,6 +132,10 @@ void check_compressed_spec(const BoundSpec& spec) {
     throw SpecError("gradzip: spec '" + spec.str() + "': layers=adapt chooses each layer's density (topk, randomk, " +
                     "stc) or levels (qsgd); codec '" + spec.codec()->name() + "' has neither");
   }
+  if (spec.spec().get_double("budget") > 0 && layers_of(spec) != "adapt") {
+    throw SpecError("gradzip: spec '" + spec.str() + "': budget sets the bytes layers=adapt chooses levels under; " +
+                    "this spec's layers is " + layers_of(spec));
+  }
 }
 
 namespace {
@@ -170,6 +174,10 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "for sign, off for the rest"),
           SpecKey::integer("adapt_every", "100", 1, 9.2e18,
                            "layers=adapt: calls of a bucket between two choices of its parameters' levels"),
+          SpecKey::number("budget", "0", 0.0, 1.0,
+                          "layers=adapt: the bytes the adapted parameters may send, as a fraction of their fp32 "
+                          "bytes (0.01: 1%); the levels may then all move away from the spec's (0: the bytes of "
+                          "the spec's level everywhere)"),
           SpecKey::choice("hierarchy", "auto", {"auto", "off"},
                           "over ranks in several nodes of several ranks each (gradzip.node_layout): auto reduces "
                           "exactly inside each node and compresses only across the nodes, each local rank one "
@@ -246,6 +254,7 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       layers_(layers_of(spec) != "off"),
       adapt_(layers_of(spec) == "adapt"),
       adapt_every_(spec.spec().get_int("adapt_every")),
+      budget_(spec.spec().get_double("budget")),
       levels_(adapt_ ? codec_levels(codec_) : CodecLevels{}),
       exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
@@ -377,7 +386,13 @@ std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, c
       bytes[j].push_back(slot_bytes(*levels_.codecs[static_cast<size_t>(l)], pieces[large[j]].numel));
     }
   }
-  const std::vector<int> chosen = choose_levels(error, bytes, levels_.base);
+  int64_t budget = -1;  // the bytes of the spec's level everywhere
+  if (budget_ > 0) {
+    int64_t numel = 0;
+    for (size_t i : large) numel += pieces[i].numel;
+    budget = static_cast<int64_t>(std::floor(budget_ * 4.0 * static_cast<double>(numel)));
+  }
+  const std::vector<int> chosen = choose_levels(error, bytes, levels_.base, budget);
   std::vector<int> levels(pieces.size(), -1);
   for (size_t j = 0; j < large.size(); ++j) levels[large[j]] = chosen[j];
   return levels;

@@ -183,6 +183,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   bool layers_;        // the spec's layers=on or adapt
   bool adapt_;         // the spec's layers=adapt
   int64_t adapt_every_;
+  double budget_;  // the spec's `budget`: 0, or the adapted parameters' bytes over their fp32 bytes
   CodecLevels levels_;  // layers=adapt: codec_'s levels
   std::shared_ptr<const Codec> exact_codec_;  // identity: layer-aware's small pieces
   double loss_scale_ = 1.0;  // set_loss_scale's

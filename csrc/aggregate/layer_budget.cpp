@@ -61,13 +61,13 @@ CodecLevels codec_levels(const std::shared_ptr<const Codec>& codec) {
 }
 
 std::vector<int> choose_levels(const std::vector<std::vector<double>>& error,
-                               const std::vector<std::vector<int64_t>>& bytes, int base) {
+                               const std::vector<std::vector<int64_t>>& bytes, int base, int64_t budget) {
   const size_t layers = error.size();
   TORCH_CHECK(bytes.size() == layers, "gradzip: ", layers, " layers of errors but ", bytes.size(), " of bytes");
   std::vector<int> at_base(layers, base);
   if (layers == 0) return at_base;
   const size_t count = error.front().size();
-  int64_t budget = 0;
+  int64_t at_base_bytes = 0;
   for (size_t i = 0; i < layers; ++i) {
     TORCH_CHECK(error[i].size() == count && bytes[i].size() == count && base >= 0 &&
                     static_cast<size_t>(base) < count,
@@ -77,8 +77,10 @@ std::vector<int> choose_levels(const std::vector<std::vector<double>>& error,
       TORCH_CHECK(std::isfinite(error[i][l]) && bytes[i][l] > 0, "gradzip: layer ", i, " level ", l,
                   " has error ", error[i][l], " and ", bytes[i][l], " bytes");
     }
-    budget += bytes[i][static_cast<size_t>(base)];
+    at_base_bytes += bytes[i][static_cast<size_t>(base)];
   }
+  if (budget < 0) budget = at_base_bytes;
+  const std::vector<int> cheapest(layers, 0);
   // best[w]: the least error of the layers so far within w units; pick[i][w]: layer i's
   // level there (-1: none fits).
   const int64_t unit = std::max<int64_t>(1, ceil_div(budget, kBudgetBins));
@@ -100,13 +102,14 @@ std::vector<int> choose_levels(const std::vector<std::vector<double>>& error,
     }
     best.swap(next);
   }
-  if (!(best[capacity] < kNone)) return at_base;
+  if (!(best[capacity] < kNone)) return at_base_bytes <= budget ? at_base : cheapest;
   std::vector<int> choice(layers);
   size_t w = capacity;
   for (size_t i = layers; i-- > 0;) {
     choice[i] = pick[i][w];
     w -= static_cast<size_t>(ceil_div(bytes[i][static_cast<size_t>(choice[i])], unit));
   }
+  if (at_base_bytes > budget) return choice;
   return total_error(error, choice) < total_error(error, at_base) ? choice : at_base;
 }
 

@@ -9,7 +9,9 @@
 // so every rank solves the same problem with the same numbers and chooses the same
 // levels. The choice is a multiple-choice knapsack, solved by dynamic programming over
 // the budget in kBudgetBins steps (each level's bytes rounded up, so the choice never
-// exceeds the budget), and kept only where it beats the spec's level everywhere.
+// exceeds the budget), and kept only where it beats the spec's level everywhere. The
+// spec's `budget` key sets the bytes instead (a fraction of the fp32 bytes): researchers
+// compare codecs at one budget that way.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -39,12 +41,13 @@ CodecLevels codec_levels(const std::shared_ptr<const Codec>& codec);
 // The budget's resolution: the dynamic programme counts bytes in steps of budget / this.
 constexpr int64_t kBudgetBins = 4096;
 
-// For each layer i, the level l minimising Σ error[i][l] under Σ bytes[i][l] ≤ the bytes
-// of every layer at level `base` (the budget). Returns `base` for every layer unless a
-// choice within the budget has a smaller total error (ties keep the base). Every row of
+// For each layer i, the level l minimising Σ error[i][l] under Σ bytes[i][l] ≤ `budget`
+// (below 0: the bytes of every layer at level `base`). Returns `base` for every layer
+// when that fits the budget and no choice within it has a smaller total error (ties keep
+// the base); level 0 (the fewest bytes) for every layer when nothing fits. Every row of
 // `error` and `bytes` has one entry per level; errors must be finite.
 std::vector<int> choose_levels(const std::vector<std::vector<double>>& error,
-                               const std::vector<std::vector<int64_t>>& bytes, int base);
+                               const std::vector<std::vector<int64_t>>& bytes, int base, int64_t budget = -1);
 
 // The squared error of each level on x (contiguous float32, CPU): ‖x − decode(encode(x))‖²
 // in float64, each level encoding without error feedback under `ctx`.

@@ -67,6 +67,50 @@ TEST(LayerBudgetTest, ChoosesTheLeastErrorWithinTheBudgetAsEnumerationDoes) {
   }
 }
 
+TEST(LayerBudgetTest, AnExplicitBudgetIsMetAsEnumerationMeetsIt) {
+  // The spec's `budget`: the bytes are set apart from the base level, above or below it.
+  std::mt19937 gen(13);
+  for (int trial = 0; trial < 300; ++trial) {
+    const int layers = 1 + static_cast<int>(gen() % 5);
+    const int levels = 2 + static_cast<int>(gen() % 4);
+    const int base = static_cast<int>(gen() % static_cast<unsigned>(levels));
+    std::vector<std::vector<double>> error(layers);
+    std::vector<std::vector<int64_t>> bytes(layers);
+    int64_t least = 0, most = 0;
+    for (int i = 0; i < layers; ++i) {
+      int64_t b = 1 + static_cast<int64_t>(gen() % 50);
+      double e = std::ldexp(1.0, static_cast<int>(gen() % 20));
+      for (int l = 0; l < levels; ++l) {
+        bytes[i].push_back(b);
+        error[i].push_back(e);
+        b += 1 + static_cast<int64_t>(gen() % 60);
+        e *= std::uniform_real_distribution<double>(0.1, 0.9)(gen);
+      }
+      least += bytes[i].front();
+      most += bytes[i].back();
+    }
+    const int64_t budget = least + static_cast<int64_t>(gen() % static_cast<uint64_t>(most - least + 1));
+    double best = INFINITY;
+    std::vector<int> choice(layers, 0);
+    for (;;) {
+      if (bytes_of(bytes, choice) <= budget) best = std::min(best, error_of(error, choice));
+      int i = 0;
+      while (i < layers && ++choice[i] == levels) choice[i++] = 0;
+      if (i == layers) break;
+    }
+    const std::vector<int> got = choose_levels(error, bytes, base, budget);
+    EXPECT_LE(bytes_of(bytes, got), budget) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(error_of(error, got), best) << "trial " << trial;
+  }
+  // Below the fewest bytes the levels offer: the fewest, everywhere.
+  const std::vector<std::vector<double>> error(3, {4.0, 2.0, 1.0});
+  const std::vector<std::vector<int64_t>> bytes(3, {10, 20, 40});
+  EXPECT_EQ(choose_levels(error, bytes, 1, 29), std::vector<int>(3, 0));
+  EXPECT_EQ(choose_levels(error, bytes, 1, 0), std::vector<int>(3, 0));
+  // Room for every layer's most: the most, everywhere.
+  EXPECT_EQ(choose_levels(error, bytes, 1, 120), std::vector<int>(3, 2));
+}
+
 TEST(LayerBudgetTest, LargeBudgetsStayWithinTheBudgetAndKeepTheBaseWhenNothingIsBetter) {
   // Byte counts far above the bins: rounding up keeps every choice within the budget.
   std::mt19937 gen(11);

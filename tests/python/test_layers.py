@@ -226,6 +226,35 @@ def test_by_default_codecs_with_levels_adapt_and_sign_goes_per_parameter():
     assert all(torch.equal(sign[0][0][k], sign_on[0][0][k]) for k in sign[0][0])
 
 
+def test_a_budget_sets_the_bytes_adapt_chooses_levels_under():
+    """`budget` (a fraction of the adapted parameters' fp32 bytes) moves every level: a
+    smaller budget sends fewer bytes than the spec's density everywhere, a larger one more
+    and closer to the exact average; every rank chooses the same levels."""
+    world = 3
+    runs = {budget: run_ranks(adapt_step, world, f"topk:density=0.01,layers=adapt{budget}")
+            for budget in (",budget=0.002", "", ",budget=0.08")}
+    for ranks in runs.values():
+        for other in ranks[1:]:
+            assert other[2] == ranks[0][2]
+            assert all(torch.equal(other[0][k], ranks[0][0][k]) for k in other[0]), "ranks differ"
+    small, spec, large = (runs[b][0] for b in (",budget=0.002", "", ",budget=0.08"))
+    assert all(small[2][k] <= spec[2][k] <= large[2][k] for k in spec[2]), (small[2], spec[2], large[2])
+    assert small[3]["bytes_sent"] < spec[3]["bytes_sent"] < large[3]["bytes_sent"]
+    exact = spec[1]
+
+    def error(run):
+        return sum((run[0][k].double() - exact[k]).pow(2).sum() for k in exact)
+
+    assert error(large) < error(spec) < error(small)
+
+
+@pytest.mark.parametrize("spec", ["sign:budget=0.01", "topk:density=0.01,layers=on,budget=0.01"])
+def test_a_budget_needs_layers_adapt(spec):
+    import gradzip
+    with pytest.raises(gradzip.SpecError, match="budget sets the bytes layers=adapt chooses levels under"):
+        gradzip.hooks.State(spec)
+
+
 def test_adapt_needs_a_codec_with_levels():
     import gradzip
     with pytest.raises(gradzip.SpecError, match="layers=adapt chooses each layer's density.*'sign' has neither"):

@@ -52,7 +52,7 @@ def test_key_values_are_checked_by_their_owner_at_every_door():
 
 def test_aggregations_lists_every_key_with_its_default_and_meaning():
     kinds = gradzip.aggregations()
-    assert kinds["stc"]["keys"] == ["ef", "exchange", "layers", "adapt_every", "hierarchy", "rounds", "reduce_scatter", "min_numel", "warmup", "seed",
+    assert kinds["stc"]["keys"] == ["ef", "exchange", "layers", "adapt_every", "budget", "hierarchy", "rounds", "reduce_scatter", "min_numel", "warmup", "seed",
                                     "density", "density_warmup", "momentum", "approx"]
     assert {k["name"]: k for k in kinds["sign"]["key_details"]}["exchange"]["expects"] == "one of auto, oneshot, twophase"
     details = {k["name"]: k for k in kinds["qsgd"]["key_details"]}
