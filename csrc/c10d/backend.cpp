@@ -27,7 +27,7 @@ GradzipBackend::GradzipBackend(int rank, int size, c10::intrusive_ptr<c10d::Back
   TORCH_CHECK(!cuda_ || (cuda_->getRank() == rank && cuda_->getSize() == size),
               "gradzip: the CUDA transport's rank and size differ from the backend's");
   if (validate) {
-    check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size);
+    check_ = std::make_unique<CollectiveCheck>(cpu_, rank, size, timeout);
     receives_ = CheckedReceives::create(timeout);
   }
 }
@@ -51,8 +51,19 @@ void GradzipBackend::use_node_levels(c10::DeviceType device, NodeLevels levels) 
   (device == c10::DeviceType::CUDA ? cuda_levels_ : cpu_levels_) = std::move(levels);
 }
 
+bool GradzipBackend::use_shared_memory_check(const std::string& name) {
+  drain();
+  return check_ && check_->use_shared_memory(name);
+}
+
+std::string GradzipBackend::check_channel() const {
+  if (!check_) return "none";
+  return check_->through_shared_memory() ? "shared memory" : "transport";
+}
+
 void GradzipBackend::setTimeout(std::chrono::milliseconds timeout) {
   options_->timeout = timeout;
+  if (check_) check_->set_timeout(timeout);
   if (receives_) receives_->set_timeout(timeout);
   cpu_->setTimeout(timeout);
   if (cuda_) cuda_->setTimeout(timeout);
@@ -344,6 +355,7 @@ void GradzipBackend::shutdown() {
 void GradzipBackend::abort() {
   if (closed_.exchange(true)) return;
   worker_.abort("gradzip: the process group was aborted (abort() was called) while this all_reduce ran or waited");
+  if (check_) check_->stop();
   if (receives_) receives_->stop("gradzip: the process group was aborted (abort() was called) while this recv waited");
   cpu_->abort();
   if (cuda_) cuda_->abort();

@@ -1,5 +1,7 @@
 #include "c10d/collective_check.h"
 
+#include "c10d/shared_check_board.h"
+
 #include <c10/util/Exception.h>
 
 #include <array>
@@ -67,10 +69,46 @@ CollectiveCall CollectiveCall::of(std::string op, const std::vector<at::Tensor>&
   return call;
 }
 
+CollectiveCheck::CollectiveCheck(c10::intrusive_ptr<c10d::Backend> channel, int rank, int size,
+                                 std::chrono::milliseconds timeout)
+    : channel_(std::move(channel)), rank_(rank), size_(size), timeout_(timeout) {}
+
+CollectiveCheck::~CollectiveCheck() = default;
+
+bool CollectiveCheck::use_shared_memory(const std::string& name) {
+  board_ = SharedCheckBoard::open(name, kHeader + 2 * size_, channel_);
+  return board_ != nullptr;
+}
+
+void CollectiveCheck::stop() {
+  if (board_) board_->stop();
+}
+
+std::vector<int64_t> CollectiveCheck::exchange(const std::vector<int64_t>& mine, const std::string& op) {
+  const int width = static_cast<int>(mine.size());
+  try {
+    if (board_) return board_->exchange(mine.data(), timeout_);
+    // Every rank sends its fingerprint to every other in one all-to-all: one message
+    // latency, where an all-gather (a ring in Gloo) takes P − 1 in a row.
+    auto local = at::from_blob(const_cast<int64_t*>(mine.data()), {width}, at::kLong);
+    auto all = at::empty({size_ * width}, at::kLong);
+    auto to_each = local.repeat({size_});
+    std::vector<int64_t> equal_splits;
+    channel_->alltoall_base(all, to_each, equal_splits, equal_splits)->wait();
+    const int64_t* f = all.data_ptr<int64_t>();
+    return std::vector<int64_t>(f, f + size_ * width);
+  } catch (const std::exception& e) {  // a dead or stopped peer, in the transport's words or the board's
+    const c10::Error* error = dynamic_cast<const c10::Error*>(&e);
+    TORCH_CHECK(false, "gradzip: ", op, " on rank ", rank_, " of ", size_,
+                " failed while the ranks confirmed the call (the collective check): ",
+                error ? error->what_without_backtrace() : e.what());
+  }
+}
+
 bool CollectiveCheck::verify(const CollectiveCall& mine) {
   const int width = kHeader + 2 * size_;
-  auto local = at::full({width}, -1, at::kLong);
-  auto* l = local.data_ptr<int64_t>();
+  std::vector<int64_t> local(static_cast<size_t>(width), -1);
+  int64_t* l = local.data();
   const std::array<int64_t, kHeader> header = {op_code(mine.op), mine.dtype,     mine.numel,     mine.count,
                                                mine.shapes_hash, mine.root, mine.reduce_op, mine.finite};
   std::copy(header.begin(), header.end(), l);
@@ -82,20 +120,8 @@ bool CollectiveCheck::verify(const CollectiveCall& mine) {
     std::copy(mine.send_counts.begin(), mine.send_counts.end(), l + kHeader);
     std::copy(mine.recv_counts.begin(), mine.recv_counts.end(), l + kHeader + size_);
   }
-  // Every rank sends its fingerprint to every other in one all-to-all: one message
-  // latency, where an all-gather (a ring in Gloo) takes P − 1 in a row.
-  auto all = at::empty({size_ * width}, at::kLong);
-  auto to_each = local.repeat({size_});
-  std::vector<int64_t> equal_splits;
-  try {
-    channel_->alltoall_base(all, to_each, equal_splits, equal_splits)->wait();
-  } catch (const std::exception& e) {  // the transport's own words (a dead or stopped peer), with the call named
-    const c10::Error* error = dynamic_cast<const c10::Error*>(&e);
-    TORCH_CHECK(false, "gradzip: ", mine.op, " on rank ", rank_, " of ", size_,
-                " failed while the ranks confirmed the call (the collective check): ",
-                error ? error->what_without_backtrace() : e.what());
-  }
-  const int64_t* f = all.data_ptr<int64_t>();
+  const std::vector<int64_t> all = exchange(local, mine.op);
+  const int64_t* f = all.data();
 
   auto row = [&](int r) { return f + static_cast<ptrdiff_t>(r) * width; };
   for (int r = 1; r < size_; ++r) {

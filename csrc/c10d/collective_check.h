@@ -3,18 +3,23 @@
 //
 // Why: Gloo aborts the whole process when ranks pass tensors of different sizes,
 // and NCCL hangs or reads out of bounds. The check is one small all-to-all of a
-// fixed-size fingerprint on the CPU transport (one message latency); every rank sees
-// every fingerprint, so every rank raises the same error, naming each rank's call, and
-// none hangs.
+// fixed-size fingerprint on the CPU transport (one message latency), or, for a group on
+// one host, an exchange through shared memory (shared_check_board.h: tens of
+// microseconds); every rank sees every fingerprint, so every rank raises the same error,
+// naming each rank's call, and none hangs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 namespace gradzip {
+
+class SharedCheckBoard;
 
 // What one rank is about to do. Fields that do not apply to a collective stay -1.
 struct CollectiveCall {
@@ -38,8 +43,16 @@ struct CollectiveCall {
 
 class CollectiveCheck {
  public:
-  CollectiveCheck(c10::intrusive_ptr<c10d::Backend> channel, int rank, int size)
-      : channel_(std::move(channel)), rank_(rank), size_(size) {}
+  CollectiveCheck(c10::intrusive_ptr<c10d::Backend> channel, int rank, int size, std::chrono::milliseconds timeout);
+  ~CollectiveCheck();
+
+  // Collective: fingerprints travel through the shared-memory object `name` from now on
+  // when every rank can map it (SharedCheckBoard::open); returns whether they do.
+  bool use_shared_memory(const std::string& name);
+  bool through_shared_memory() const { return board_ != nullptr; }
+  // Ends a check waiting on the others (the group's abort()).
+  void stop();
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   // Returns when every rank made a compatible call; otherwise throws c10::Error
   // with the same message on every rank. Returns false when a rank reported a `finite`
@@ -47,9 +60,14 @@ class CollectiveCheck {
   bool verify(const CollectiveCall& mine);
 
  private:
+  // Every rank's fingerprint (width int64 each, in rank order).
+  std::vector<int64_t> exchange(const std::vector<int64_t>& mine, const std::string& op);
+
   c10::intrusive_ptr<c10d::Backend> channel_;
   int rank_;
   int size_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<SharedCheckBoard> board_;
 };
 
 }  // namespace gradzip

@@ -51,6 +51,8 @@ class GradzipBackend final : public Backend {
   Stats& stats() override { return stats_; }
   void drain() override { worker_.drain(); }
   void use_node_levels(c10::DeviceType device, NodeLevels levels) override;
+  bool use_shared_memory_check(const std::string& name) override;
+  std::string check_channel() const override;
   const NodeLevels& node_levels(c10::DeviceType device) const override {
     return device == c10::DeviceType::CUDA ? cuda_levels_ : cpu_levels_;
   }

@@ -48,6 +48,12 @@ void bind_backend(py::module_& m) {
           "ranks of the same local index on every node, `ranks` the group rank of each (node, local rank) "
           "node by node (gradzip.node_layout); `shared_memory` names a POSIX "
           "shared-memory object for the node's CPU stages (every rank of the node passes the same name).")
+      .def("use_shared_memory_check", &gradzip::Backend::use_shared_memory_check, py::arg("name"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Collective: the collective check through the POSIX shared-memory object `name` (the same on every "
+           "rank) when every rank can map it (one host); returns whether it does.")
+      .def("check_channel", &gradzip::Backend::check_channel,
+           "How the collective check's fingerprints travel: 'shared memory', 'transport' or 'none'.")
       .def(
           "node_levels",
           [](const gradzip::Backend& b, const std::string& device) -> py::object {

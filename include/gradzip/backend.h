@@ -38,6 +38,14 @@ class Backend : public c10d::Backend {
   // (null transports when none were given).
   virtual void use_node_levels(c10::DeviceType device, NodeLevels levels) = 0;
   virtual const NodeLevels& node_levels(c10::DeviceType device) const = 0;
+  // Collective: the collective check's fingerprints travel through the POSIX
+  // shared-memory object `name` (the same on every rank) when every rank of the group can
+  // map it, as on one host (c10d/shared_check_board.h). Returns whether they do; false,
+  // and nothing changes, for a group that does not check its calls.
+  virtual bool use_shared_memory_check(const std::string& name) = 0;
+  // How the check's fingerprints travel: "shared memory", "transport", or "none" (a group
+  // that does not check its calls).
+  virtual std::string check_channel() const = 0;
   // The aggregation's state_dict() / load_state_dict() once every all_reduce issued
   // before has finished (all_reduce runs on a worker thread: gradzip_backend.h).
   std::map<std::string, at::Tensor> state_dict() {

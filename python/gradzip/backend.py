@@ -53,6 +53,9 @@ def _create_backend(dist_opts, backend_options):
         if bound is not None:
             nccl.bound_device_id = bound
     backend = _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
+    # The collective check through shared memory where every rank runs on this host.
+    if validate and not over_mpi and shared_memory_wanted() and len(node_layout(store, rank, size)) == 1:
+        backend.use_shared_memory_check(shared_memory_name(store, [list(range(size))], rank, "check"))
     # The hierarchical exchange's node and lane transports, when the ranks sit in several
     # nodes: MPI sub-communicators over MPI, else Gloo groups under the group's store.
     if spec.uses_node_levels and over_mpi:

@@ -94,11 +94,12 @@ def new_shared_memory_name() -> str:
     return f"/gradzip-{os.getpid()}-{secrets.token_hex(8)}"
 
 
-def shared_memory_name(store, layout: list[list[int]], rank: int) -> str:
+def shared_memory_name(store, layout: list[list[int]], rank: int, purpose: str = "node") -> str:
     """A POSIX shared-memory name for this rank's node, the same on all its ranks:
-    the node's first rank makes it and publishes it in the group's store."""
+    the node's first rank makes it and publishes it in the group's store (under
+    `purpose`, so that two uses in one group never read each other's)."""
     node = next(k for k, ranks in enumerate(layout) if rank in ranks)
-    key = f"gradzip/shm/node{node}"
+    key = f"gradzip/shm/{purpose}{node}"
     if layout[node][0] == rank:
         store.set(key, new_shared_memory_name())
     return bytes(store.get(key)).decode()

@@ -78,7 +78,7 @@ def mismatched_calls(rank, world):
         "all_to_all_splits": lambda: dist.all_to_all_single(torch.zeros(4), torch.ones(4), [2, 2], [1 + rank, 3 - rank]),
         "coalesced_sizes": lambda: dist.all_reduce_coalesced([torch.ones(2 + rank), torch.ones(3 - rank)]),
     }
-    messages = {}
+    messages = {"channel": dist.group.WORLD._get_backend(torch.device("cpu")).check_channel()}
     for name, call in calls.items():
         try:
             call()
@@ -92,8 +92,13 @@ def mismatched_calls(rank, world):
     return messages
 
 
-def test_mismatched_calls_are_refused_on_every_rank_without_hanging():
-    results = run_ranks(mismatched_calls, 2, timeout=120)
+@pytest.mark.parametrize("channel", ["shared memory", "transport"])
+def test_mismatched_calls_are_refused_on_every_rank_without_hanging(channel):
+    """Through shared memory (ranks on one host, the default) and over the transport
+    (GRADZIP_NODE_SHARED_MEMORY=0, as between hosts): the same words."""
+    env = {} if channel == "shared memory" else {"GRADZIP_NODE_SHARED_MEMORY": "0"}
+    results = run_ranks(mismatched_calls, 2, timeout=120, env=env)
+    assert [r.pop("channel") for r in results] == [channel, channel]
     expected = {
         "size": "rank 0 called all_reduce of Float with 10 elements, SUM; rank 1 called all_reduce of Float with 11",
         "dtype": "rank 0 called all_reduce of Double",

@@ -35,9 +35,9 @@ def _keep_busy(group):
         pass
 
 
-def _rank(rank, port, spec, fault, results, load=False):
+def _rank(rank, port, spec, fault, results, load=False, env=None):
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      OMP_NUM_THREADS="1")
+                      OMP_NUM_THREADS="1", **(env or {}))
     import torch
     import torch.distributed as dist
 
@@ -77,11 +77,11 @@ def _rank(rank, port, spec, fault, results, load=False):
         os._exit(0)  # the broken group is not torn down: its peer is gone
 
 
-def run_fault(spec, fault, load=False):
+def run_fault(spec, fault, load=False, env=None):
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load, env)) for r in range(WORLD)]
     for p in procs:
         p.start()
     outcome = {}
@@ -111,6 +111,13 @@ def test_survivors_raise_in_time_and_regroup(spec, fault):
 @pytest.mark.parametrize("spec", ["allreduce", "stc:density=0.01,exchange=twophase"])
 def test_survivors_raise_in_time_beside_a_busy_group(spec, fault):
     check_survivors(run_fault(spec, fault, load=True))
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_survivors_raise_in_time_with_the_check_on_the_transport(fault):
+    """The ranks share a host, so their collective check runs through shared memory; with
+    it on the transport (GRADZIP_NODE_SHARED_MEMORY=0, as between hosts) as well."""
+    check_survivors(run_fault("allreduce", fault, env={"GRADZIP_NODE_SHARED_MEMORY": "0"}))
 
 
 def check_survivors(outcome):
