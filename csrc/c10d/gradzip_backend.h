@@ -144,6 +144,7 @@ class GradzipBackend final : public Backend {
   Stats stats_;
   std::unique_ptr<CallSequenceIdentity> identity_;  // names the tensors all_reduce gets
   bool compress_reduce_scatter_;                    // the spec's reduce_scatter=compressed
+  bool exact_only_;                                 // the spec is `allreduce`: no state, nothing compressed
   std::atomic<bool> closed_{false};
   OrderedWorker worker_;  // last: its jobs use the members above until it is gone
 };
