@@ -28,42 +28,54 @@ double error_of(const std::vector<std::vector<double>>& error, const std::vector
   return total;
 }
 
+struct Tables {
+  std::vector<std::vector<double>> error;
+  std::vector<std::vector<int64_t>> bytes;
+};
+
+// Bytes rise and errors fall with the level, as a codec's do; both at random scales.
+Tables random_tables(std::mt19937& gen, int layers, int levels) {
+  Tables t{std::vector<std::vector<double>>(layers), std::vector<std::vector<int64_t>>(layers)};
+  for (int i = 0; i < layers; ++i) {
+    double e = std::ldexp(1.0, static_cast<int>(gen() % 20));
+    int64_t b = 1 + static_cast<int64_t>(gen() % 50);
+    for (int l = 0; l < levels; ++l) {
+      t.bytes[i].push_back(b);
+      t.error[i].push_back(e);
+      b += 1 + static_cast<int64_t>(gen() % 60);
+      e *= std::uniform_real_distribution<double>(0.1, 0.9)(gen);
+    }
+  }
+  return t;
+}
+
+// The least error of every choice within `budget`, enumerated (`start` when none is less).
+double least_error_enumerated(const Tables& t, int64_t budget, double start) {
+  const int layers = static_cast<int>(t.error.size()), levels = static_cast<int>(t.error.front().size());
+  double best = start;
+  std::vector<int> choice(layers, 0);
+  for (;;) {
+    if (bytes_of(t.bytes, choice) <= budget) best = std::min(best, error_of(t.error, choice));
+    int i = 0;
+    while (i < layers && ++choice[i] == levels) choice[i++] = 0;
+    if (i == layers) return best;
+  }
+}
+
 TEST(LayerBudgetTest, ChoosesTheLeastErrorWithinTheBudgetAsEnumerationDoes) {
   std::mt19937 gen(7);
   for (int trial = 0; trial < 300; ++trial) {
     const int layers = 1 + static_cast<int>(gen() % 5);
     const int levels = 2 + static_cast<int>(gen() % 4);
     const int base = static_cast<int>(gen() % static_cast<unsigned>(levels));
-    // Bytes rise and errors fall with the level, as a codec's do; both at random scales.
-    std::vector<std::vector<double>> error(layers);
-    std::vector<std::vector<int64_t>> bytes(layers);
-    for (int i = 0; i < layers; ++i) {
-      const double scale = std::ldexp(1.0, static_cast<int>(gen() % 20));
-      int64_t b = 1 + static_cast<int64_t>(gen() % 50);
-      double e = scale;
-      for (int l = 0; l < levels; ++l) {
-        bytes[i].push_back(b);
-        error[i].push_back(e);
-        b += 1 + static_cast<int64_t>(gen() % 60);
-        e *= std::uniform_real_distribution<double>(0.1, 0.9)(gen);
-      }
-    }
-    int64_t budget = 0;
-    for (int i = 0; i < layers; ++i) budget += bytes[i][static_cast<size_t>(base)];
-    // Every choice, enumerated: the least error within the budget.
-    double best = error_of(error, std::vector<int>(layers, base));
-    std::vector<int> choice(layers, 0);
-    for (;;) {
-      if (bytes_of(bytes, choice) <= budget) best = std::min(best, error_of(error, choice));
-      int i = 0;
-      while (i < layers && ++choice[i] == levels) choice[i++] = 0;
-      if (i == layers) break;
-    }
-    const std::vector<int> got = choose_levels(error, bytes, base);
+    const Tables t = random_tables(gen, layers, levels);
+    const int64_t budget = bytes_of(t.bytes, std::vector<int>(layers, base));
+    const double best = least_error_enumerated(t, budget, error_of(t.error, std::vector<int>(layers, base)));
+    const std::vector<int> got = choose_levels(t.error, t.bytes, base);
     ASSERT_EQ(got.size(), static_cast<size_t>(layers));
-    EXPECT_LE(bytes_of(bytes, got), budget) << "trial " << trial;
+    EXPECT_LE(bytes_of(t.bytes, got), budget) << "trial " << trial;
     // The budget's bins are finer than any byte count here: the programme is exact.
-    EXPECT_DOUBLE_EQ(error_of(error, got), best) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(error_of(t.error, got), best) << "trial " << trial;
   }
 }
 
@@ -74,33 +86,13 @@ TEST(LayerBudgetTest, AnExplicitBudgetIsMetAsEnumerationMeetsIt) {
     const int layers = 1 + static_cast<int>(gen() % 5);
     const int levels = 2 + static_cast<int>(gen() % 4);
     const int base = static_cast<int>(gen() % static_cast<unsigned>(levels));
-    std::vector<std::vector<double>> error(layers);
-    std::vector<std::vector<int64_t>> bytes(layers);
-    int64_t least = 0, most = 0;
-    for (int i = 0; i < layers; ++i) {
-      int64_t b = 1 + static_cast<int64_t>(gen() % 50);
-      double e = std::ldexp(1.0, static_cast<int>(gen() % 20));
-      for (int l = 0; l < levels; ++l) {
-        bytes[i].push_back(b);
-        error[i].push_back(e);
-        b += 1 + static_cast<int64_t>(gen() % 60);
-        e *= std::uniform_real_distribution<double>(0.1, 0.9)(gen);
-      }
-      least += bytes[i].front();
-      most += bytes[i].back();
-    }
+    const Tables t = random_tables(gen, layers, levels);
+    const int64_t least = bytes_of(t.bytes, std::vector<int>(layers, 0));
+    const int64_t most = bytes_of(t.bytes, std::vector<int>(layers, levels - 1));
     const int64_t budget = least + static_cast<int64_t>(gen() % static_cast<uint64_t>(most - least + 1));
-    double best = INFINITY;
-    std::vector<int> choice(layers, 0);
-    for (;;) {
-      if (bytes_of(bytes, choice) <= budget) best = std::min(best, error_of(error, choice));
-      int i = 0;
-      while (i < layers && ++choice[i] == levels) choice[i++] = 0;
-      if (i == layers) break;
-    }
-    const std::vector<int> got = choose_levels(error, bytes, base, budget);
-    EXPECT_LE(bytes_of(bytes, got), budget) << "trial " << trial;
-    EXPECT_DOUBLE_EQ(error_of(error, got), best) << "trial " << trial;
+    const std::vector<int> got = choose_levels(t.error, t.bytes, base, budget);
+    EXPECT_LE(bytes_of(t.bytes, got), budget) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(error_of(t.error, got), least_error_enumerated(t, budget, INFINITY)) << "trial " << trial;
   }
   // Below the fewest bytes the levels offer: the fewest, everywhere.
   const std::vector<std::vector<double>> error(3, {4.0, 2.0, 1.0});
