@@ -33,7 +33,7 @@ build/.installed: $(BUILD_SOURCES) scripts/requirements.txt | deps
 build: deps build/.installed
 
 test-cpp: build
-	ctest --test-dir build --output-on-failure --no-tests=error
+	ctest --test-dir build --output-on-failure --no-tests=error -j $(MAX_JOBS)
 
 test-python: build
 	$(PYTHON) -m pytest -q --durations=15 tests/python

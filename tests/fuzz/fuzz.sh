@@ -40,30 +40,42 @@ for entry in "${TARGETS[@]}"; do
     { echo "fuzz.sh: no seed corpus for ${entry%%:*} (add it to tests/fuzz/make_corpus.py and run it)"; exit 1; }
 done
 
-printf '%-12s %10s %8s %8s %9s\n' target runs cov ft corpus
-for entry in "${TARGETS[@]}"; do
-  codec=${entry%%:*} id=${entry##*:}
-  binary="$BUILD/fuzz_$codec"
-  if [ "$codec" = peer_header ]; then
-    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer tests/fuzz/peer_header_fuzzer.cpp "${objects[@]}" "${libraries[@]}" -o "$binary"
-  else
-    $launcher $CXX "${flags[@]}" -fsanitize=fuzzer -DGRADZIP_FUZZ_CODEC="$id" tests/fuzz/decode_fuzzer.cpp \
-      "${objects[@]}" "${libraries[@]}" -o "$binary"
+# The functions below run in xargs's shells: the lists travel as words (no path has a space).
+export BUILD CXX launcher seconds FLAGS="${flags[*]}" OBJECTS="${objects[*]}" LIBRARIES="${libraries[*]}"
+# Every target's binary: its fuzzer compiled alone (so ccache keeps it), then linked.
+build_target() {
+  local codec=${1%%:*} id=${1##*:} source=tests/fuzz/decode_fuzzer.cpp
+  [ "$codec" != peer_header ] || source=tests/fuzz/peer_header_fuzzer.cpp
+  $launcher $CXX $FLAGS -fsanitize=fuzzer-no-link -DGRADZIP_FUZZ_CODEC="$id" -c "$source" -o "$BUILD/obj/fuzz_$codec.o" &&
+    $CXX $FLAGS -fsanitize=fuzzer "$BUILD/obj/fuzz_$codec.o" $OBJECTS $LIBRARIES -o "$BUILD/fuzz_$codec"
+}
+# The regressions, then SECONDS of fuzzing; what failed goes to $BUILD/<codec>.failed.
+fuzz_target() {
+  local codec=${1%%:*} binary="$BUILD/fuzz_${1%%:*}" regressions="tests/fuzz/regressions/${1%%:*}"
+  rm -f "$BUILD/$codec.failed"
+  if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ] &&
+     ! "$binary" -runs=0 "$regressions"/* >"$BUILD/$codec.regressions.log" 2>&1; then
+    cat "$BUILD/$codec.regressions.log" >"$BUILD/$codec.failed"
+    echo "fuzz.sh: $codec: a regression input fails again" >>"$BUILD/$codec.failed"
+    return
   fi
-  regressions="tests/fuzz/regressions/$codec"
-  if [ -d "$regressions" ] && [ -n "$(ls -A "$regressions")" ]; then
-    "$binary" -runs=0 "$regressions"/* >"$BUILD/$codec.regressions.log" 2>&1 ||
-      { cat "$BUILD/$codec.regressions.log"; echo "fuzz.sh: $codec: a regression input fails again"; exit 1; }
-  fi
-  work="$BUILD/corpus/$codec"
-  mkdir -p "$work"
-  log="$BUILD/$codec.log"
+  mkdir -p "$BUILD/corpus/$codec"
   if ! "$binary" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-        -artifact_prefix="$BUILD/findings/$codec-" "$work" "tests/fuzz/corpus/$codec" >"$log" 2>&1; then
-    tail -60 "$log"
-    echo "fuzz.sh: the $codec decoder failed; the input is in $BUILD/findings/ (add it to $regressions)"
-    exit 1
+        -artifact_prefix="$BUILD/findings/$codec-" "$BUILD/corpus/$codec" "tests/fuzz/corpus/$codec" >"$BUILD/$codec.log" 2>&1; then
+    tail -60 "$BUILD/$codec.log" >"$BUILD/$codec.failed"
+    echo "fuzz.sh: the $codec decoder failed; the input is in $BUILD/findings/ (add it to $regressions)" >>"$BUILD/$codec.failed"
   fi
+}
+export -f build_target fuzz_target
+# The targets run side by side, as many as the build may use (each fuzzer is one thread).
+printf '%s\n' "${TARGETS[@]}" | xargs -P "${MAX_JOBS:-2}" -I{} bash -c 'build_target {} && fuzz_target {}' ||
+  { echo "fuzz.sh: a fuzzer did not build"; exit 1; }
+
+printf '%-12s %10s %8s %8s %9s\n' target runs cov ft corpus
+failed=0
+for entry in "${TARGETS[@]}"; do
+  codec=${entry%%:*} log="$BUILD/${entry%%:*}.log"
+  if [ -f "$BUILD/$codec.failed" ]; then cat "$BUILD/$codec.failed"; failed=1; continue; fi
   runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
   last=$(grep -E '^#[0-9]+' "$log" | tail -1)
   cov=$(grep -o 'cov: [0-9]*' <<<"$last" | grep -o '[0-9]*')
@@ -71,3 +83,4 @@ for entry in "${TARGETS[@]}"; do
   corpus=$(grep -o 'corp: [0-9]*' <<<"$last" | grep -o '[0-9]*')
   printf '%-12s %10s %8s %8s %9s\n' "$codec" "$runs" "$cov" "$ft" "$corpus"
 done
+exit $failed
