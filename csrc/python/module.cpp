@@ -6,11 +6,13 @@
 
 #include "python/build_info.h"
 #include "python/bindings.h"
+#include "python/gil_free_holder.h"
 
 namespace py = pybind11;
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "gradzip's C++ core";
+  gradzip::python::import_thread();  // this thread, remembered before any backend exists
   gradzip::python::bind_spec(m);
   gradzip::python::bind_backend(m);
   gradzip::python::bind_aggregation(m);

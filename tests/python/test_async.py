@@ -2,6 +2,7 @@
 done, run calls in call order, and give the bits of the synchronous path."""
 import time
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -209,6 +210,38 @@ def test_a_callback_may_issue_another_collective():
     outs = run_ranks(broadcast_in_a_callback, 2, timeout=120)
     assert all(torch.equal(b, torch.zeros(3)) for b, _ in outs)
     assert torch.equal(outs[0][1], outs[1][1])
+
+
+def group_let_go_of_by_a_callback(rank, world, spec):
+    """A future's callback that holds the group, let go of on the thread that completed the
+    future (Gloo's for the exact path, the worker's otherwise) after the caller destroyed the
+    group: the group's last reference dies on a thread its destructor joins."""
+    import gradzip
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec))
+    x = torch.full((1000,), float(rank + 1))
+    if rank == 1:
+        time.sleep(1.0)  # rank 0's future is still pending when its callbacks are added
+
+    def keep_the_group(future, group=group):
+        return future.value()
+
+    done = dist.all_reduce(x, group=group, async_op=True).get_future().then(keep_the_group)
+    # Runs on the completing thread once `done` is complete, before that thread lets go of
+    # keep_the_group: the caller destroys the group meanwhile.
+    done.add_done_callback(lambda _: time.sleep(1.0))
+    del keep_the_group
+    done.wait()
+    dist.destroy_process_group()
+    del group
+    time.sleep(2.0)  # the completing thread lets go of the group's last reference
+    return x
+
+
+@pytest.mark.parametrize("spec", ["allreduce", "fp16"])
+def test_the_group_may_die_on_a_thread_it_joins(spec):
+    for x in run_ranks(group_let_go_of_by_a_callback, 2, spec):
+        assert torch.equal(x, torch.full((1000,), 3.0))
 
 
 def test_a_rank_may_end_right_after_its_last_wait():
