@@ -17,7 +17,7 @@ inline std::thread::id import_thread() {
 // Holds a c10d backend for Python and drops it without the GIL: destroying the inner Gloo
 // backend joins its worker threads, which may need the GIL to free the tensors of
 // finished work; holding it here would deadlock. On any thread but the importing one the
-// last reference goes to a thread of its own: it may be dropped on one of the threads the
+// last reference (only the last: the others are counts to drop) goes to a thread of its own: it may be dropped on one of the threads the
 // destructor joins (a future's callback that held the group, let go of on the transport's
 // thread or the worker's after the group was destroyed), and a thread cannot join itself.
 // Same layout as c10::intrusive_ptr, which pybind11 relies on when it hands the object
@@ -31,7 +31,7 @@ class GilFreeDestructorPtr {
   GilFreeDestructorPtr(const GilFreeDestructorPtr&) = default;
   GilFreeDestructorPtr& operator=(const GilFreeDestructorPtr&) = default;
   ~GilFreeDestructorPtr() {
-    if (impl_ && std::this_thread::get_id() != import_thread()) {
+    if (impl_ && impl_.use_count() == 1 && std::this_thread::get_id() != import_thread()) {
       std::thread([impl = std::move(impl_)]() mutable { impl.reset(); }).detach();
       return;
     }
