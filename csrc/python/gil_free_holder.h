@@ -16,12 +16,12 @@ inline std::thread::id import_thread() {
 
 // Holds a c10d backend for Python and drops it without the GIL: destroying the inner Gloo
 // backend joins its worker threads, which may need the GIL to free the tensors of
-// finished work; holding it here would deadlock. On any thread but the importing one the
-// last reference (only the last: the others are counts to drop) goes to a thread of its own: it may be dropped on one of the threads the
-// destructor joins (a future's callback that held the group, let go of on the transport's
-// thread or the worker's after the group was destroyed), and a thread cannot join itself.
-// Same layout as c10::intrusive_ptr, which pybind11 relies on when it hands the object
-// to torch as a c10d::Backend.
+// finished work; holding it here would deadlock. On any thread but the importing one, the
+// last reference (the others are only counts to drop) goes to a thread of its own: it may
+// be dropped on one of the threads the destructor joins (a future's callback that held the
+// group, let go of on the transport's thread or the worker's after the group was
+// destroyed), and a thread cannot join itself. Same layout as c10::intrusive_ptr, which
+// pybind11 relies on when it hands the object to torch as a c10d::Backend.
 template <typename T>
 class GilFreeDestructorPtr {
  public:
