@@ -19,7 +19,7 @@ from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, set_loss_scale, stats
 from .group_state import load_state_dict, state_dict
-from . import checkpoint, codec, diloco, fsdp, hooks, mpi
+from . import checkpoint, codec, diloco, hooks, mpi
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
 from .codec import PayloadError
@@ -35,6 +35,15 @@ def cuda_built() -> bool:
 def cuda_architectures() -> list:
     """The GPU compute capabilities the kernels were compiled for, e.g. [80, 90]; [] without CUDA."""
     return _C.cuda_architectures()
+
+
+def __getattr__(name):
+    # gradzip.fsdp imports FSDP and DTensor (about a second, a third of `import gradzip`):
+    # only on first use.
+    if name == "fsdp":
+        import importlib
+        return importlib.import_module(".fsdp", __name__)
+    raise AttributeError(f"module 'gradzip' has no attribute '{name}'")
 
 
 register()
