@@ -356,6 +356,7 @@ uint64_t GradzipBackend::getSequenceNumberForGroup() {
 void GradzipBackend::shutdown() {
   if (closed_.exchange(true)) return;
   worker_.drain();
+  if (check_) check_->stop();
   if (receives_) receives_->stop("gradzip: the process group was shut down while this recv waited");
   cpu_->shutdown();
   if (cuda_) cuda_->shutdown();

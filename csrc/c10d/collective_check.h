@@ -50,7 +50,8 @@ class CollectiveCheck {
   // when every rank can map it (SharedCheckBoard::open); returns whether they do.
   bool use_shared_memory(const std::string& name);
   bool through_shared_memory() const { return board_ != nullptr; }
-  // Ends a check waiting on the others (the group's abort()).
+  // Ends a check waiting on the others, and through shared memory tells them that this
+  // rank will check no more (the group's abort() and shutdown()).
   void stop();
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 

@@ -17,22 +17,23 @@
 
 namespace gradzip {
 
-// The object: a header, then size pids, size posted-check counts, and two sets of slots
-// (by the check's parity) of size × width int64. The atomics are lock-free 32- and 64-bit
-// words, valid between processes.
+// The object: a header, then size pids, size posted-check counts, size closed flags, and
+// two sets of slots (by the check's parity) of size × width int64. The atomics are
+// lock-free 32- and 64-bit words, valid between processes.
 struct SharedCheckBoard::Layout {
   uint64_t token;                    // rank 0's random number: the ranks mapped one object
   std::atomic<uint32_t> arrived;     // ranks at the barrier of the current check
   std::atomic<uint32_t> generation;  // checks completed (mod 2^32); the futex word
 
   static size_t bytes(int size, int width) {
-    return sizeof(Layout) + sizeof(int64_t) * static_cast<size_t>(2 * size + 2 * size * width);
+    return sizeof(Layout) + sizeof(int64_t) * static_cast<size_t>(3 * size + 2 * size * width);
   }
   int64_t* words() { return reinterpret_cast<int64_t*>(reinterpret_cast<char*>(this) + sizeof(Layout)); }
   int64_t* pid(int rank) { return words() + rank; }
   std::atomic<int64_t>* posted(int size, int rank) { return reinterpret_cast<std::atomic<int64_t>*>(words() + size + rank); }
+  std::atomic<int64_t>* closed(int size, int rank) { return reinterpret_cast<std::atomic<int64_t>*>(words() + 2 * size + rank); }
   int64_t* slot(int size, int width, uint64_t check, int rank) {
-    return words() + 2 * size + static_cast<ptrdiff_t>((check % 2) * static_cast<uint64_t>(size) + rank) * width;
+    return words() + 3 * size + static_cast<ptrdiff_t>((check % 2) * static_cast<uint64_t>(size) + rank) * width;
   }
 };
 
@@ -104,7 +105,17 @@ std::unique_ptr<SharedCheckBoard> SharedCheckBoard::open(const std::string& name
 SharedCheckBoard::SharedCheckBoard(void* base, size_t bytes, int rank, int size, int width)
     : base_(base), bytes_(bytes), rank_(rank), size_(size), width_(width) {}
 
-SharedCheckBoard::~SharedCheckBoard() { munmap(base_, bytes_); }
+SharedCheckBoard::~SharedCheckBoard() {
+  stop();
+  munmap(base_, bytes_);
+}
+
+void SharedCheckBoard::stop() {
+  stopped_.store(true);
+  auto* layout = static_cast<Layout*>(base_);
+  layout->closed(size_, rank_)->store(1, std::memory_order_release);
+  futex(&layout->generation, FUTEX_WAKE, INT32_MAX, nullptr);  // the waiters look again now
+}
 
 std::vector<int64_t> SharedCheckBoard::exchange(const int64_t* mine, std::chrono::milliseconds timeout) {
   if (stopped_.load()) throw std::runtime_error("the process group was aborted");
@@ -124,20 +135,35 @@ std::vector<int64_t> SharedCheckBoard::exchange(const int64_t* mine, std::chrono
       futex(&layout->generation, FUTEX_WAIT, generation, &slice);
       if (layout->generation.load(std::memory_order_acquire) != generation) break;
       if (stopped_.load()) throw std::runtime_error("the process group was aborted while this rank waited for the others");
-      std::vector<int> missing, exited;
+      std::vector<int> missing, closed, exited;
       for (int r = 0; r < size_; ++r) {
         if (layout->posted(size_, r)->load(std::memory_order_acquire) > static_cast<int64_t>(check)) continue;
         missing.push_back(r);
-        if (!process_exists(*layout->pid(r))) exited.push_back(r);
+        if (!process_exists(*layout->pid(r))) {
+          exited.push_back(r);
+        } else if (layout->closed(size_, r)->load(std::memory_order_acquire) != 0) {
+          closed.push_back(r);
+        }
       }
       const bool late = std::chrono::steady_clock::now() - start > timeout;
-      if (exited.empty() && !late) continue;
+      if (exited.empty() && closed.empty() && !late) continue;
+      auto named = [](std::ostringstream& why, const std::vector<int>& ranks) {
+        for (size_t i = 0; i < ranks.size(); ++i) why << (i ? ", " : " ") << ranks[i];
+      };
       std::ostringstream why;
-      why << (exited.empty() ? "no word from rank" : "the process of rank");
-      const std::vector<int>& named = exited.empty() ? missing : exited;
-      for (size_t i = 0; i < named.size(); ++i) why << (i ? ", " : " ") << named[i];
-      why << (exited.empty() ? " within the group's timeout of " + std::to_string(timeout.count()) + " ms"
-                             : " exited before it reached this collective");
+      if (!exited.empty()) {
+        why << "the process of rank";
+        named(why, exited);
+        why << " exited before it reached this collective";
+      } else if (!closed.empty()) {
+        why << "rank";
+        named(why, closed);
+        why << " shut down or aborted its process group before it reached this collective";
+      } else {
+        why << "no word from rank";
+        named(why, missing);
+        why << " within the group's timeout of " << timeout.count() << " ms";
+      }
       throw std::runtime_error(why.str());
     }
   }

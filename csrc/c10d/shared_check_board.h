@@ -10,10 +10,11 @@
 // a sense-reversing barrier (a count and a generation the waiters sleep on with a futex),
 // and reads every rank's slot. A rank cannot post twice before every rank has read: its
 // next check waits at the next barrier, which needs every rank. Waiting wakes every
-// 50 ms to name what holds it: a rank whose process has exited raises at once on the
-// others, a rank that does not come within the group's timeout raises on the ones that
-// wait, and stop() (the group's abort) ends the wait. After any of them the group is
-// unusable, as a Gloo group is after its timeout.
+// 50 ms to name what holds it: a rank whose process has exited, or whose board has
+// stopped (its group shut down, aborted or destroyed: a Gloo peer's connections close
+// then), raises at once on the others; a rank that does not come within the group's
+// timeout raises on the ones that wait; and stop() ends this rank's wait. After any of
+// them the group is unusable, as a Gloo group is after its timeout.
 #pragma once
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -45,8 +46,9 @@ class SharedCheckBoard {
   // one has exited or `timeout` passed.
   std::vector<int64_t> exchange(const int64_t* mine, std::chrono::milliseconds timeout);
   // Ends a wait in exchange() on this rank within 50 ms, and every later one at once, with
-  // an error (the group's abort()).
-  void stop() { stopped_.store(true); }
+  // an error, and tells the other ranks that this one will post no more: their waits for
+  // it raise at once (the group's abort() and shutdown(); the destructor too).
+  void stop();
 
  private:
   struct Layout;

@@ -136,7 +136,9 @@ def check_survivors(outcome):
 
 def blocked_call(rank, world, how):
     """Rank 1 never joins the second all_reduce: rank 0's wait ends by abort() from another
-    thread, or by Work.wait's own timeout, long before the group's (60 s)."""
+    thread, or by Work.wait's own timeout, long before the group's (60 s). Rank 1 then
+    destroys its group, which ends the call rank 0 still has running at once: the next
+    test's ranks do not wait for it."""
     import threading
 
     import torch
@@ -148,7 +150,7 @@ def blocked_call(rank, world, how):
                            timeout=datetime.timedelta(seconds=60))
     dist.all_reduce(torch.ones(1000), group=group)
     if rank == 1:
-        time.sleep(8)
+        dist.barrier()  # the default group's: rank 0's wait has ended
         return None
     start = time.monotonic()
     try:
@@ -158,9 +160,11 @@ def blocked_call(rank, world, how):
         else:
             work = dist.all_reduce(torch.ones(100_000), group=group, async_op=True)
             work.wait(timeout=datetime.timedelta(seconds=1))
-        return "no error", time.monotonic() - start
+        outcome = "no error", time.monotonic() - start
     except Exception as error:  # noqa: B902
-        return str(error), time.monotonic() - start
+        outcome = str(error), time.monotonic() - start
+    dist.barrier()
+    return outcome
 
 
 @pytest.mark.parametrize("how,words", [("abort", "aborted"), ("timeout", "timeout of 1000 ms")])
@@ -169,3 +173,40 @@ def test_a_waiting_all_reduce_ends_by_abort_or_by_its_wait_timeout(how, words):
     (message, seconds), _ = run_ranks(blocked_call, 2, how)
     assert words in message, message
     assert 0.9 < seconds < 3, seconds
+
+
+def peer_destroys_its_group(rank, world):
+    """Rank 1 destroys its gradzip group (60 s timeout) and lets go of it instead of making
+    the call rank 0 waits in: rank 0 raises at once, as a Gloo group's peer does when the
+    connections close."""
+    import torch
+    import torch.distributed as dist
+
+    import gradzip
+    dist.init_process_group("gloo")
+    group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="stc:density=0.01"),
+                           timeout=datetime.timedelta(seconds=60))
+    dist.all_reduce(torch.ones(1000), group=group)
+    if rank == 1:
+        dist.destroy_process_group(group)
+        del group
+        dist.barrier()
+        return None
+    start = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(100_000), group=group)
+        outcome = "no error", time.monotonic() - start
+    except Exception as error:  # noqa: B902
+        outcome = str(error), time.monotonic() - start
+    dist.barrier()
+    return outcome
+
+
+@pytest.mark.parametrize("shared_memory", ["1", "0"])
+def test_a_peer_that_destroys_its_group_ends_the_others_wait(shared_memory):
+    from ranks import run_ranks
+    (message, seconds), _ = run_ranks(peer_destroys_its_group, 2, env={"GRADZIP_NODE_SHARED_MEMORY": shared_memory})
+    assert message.startswith("gradzip: all_reduce") and "on rank 0 of 2" in message, message
+    if shared_memory == "1":
+        assert "rank 1 shut down or aborted its process group" in message, message
+    assert seconds < 5, (seconds, message)
