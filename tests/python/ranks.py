@@ -6,11 +6,15 @@ the ranks returned, in rank order. A rank that raises fails the call with its tr
 ranks that have not finished within `timeout` seconds (15 s after another rank failed)
 are killed and the call fails: a test never hangs.
 
-The rank processes are spawned once per world size and kept for the next call (starting
+The rank processes are started once per world size and kept for the next call (starting
 a rank, mostly importing torch, is most of a short test's time on two cores). Each call
 starts like a fresh process: its own MASTER_PORT, the environment as it was plus `env`,
 torch's default generator at its initial seed, no process group (destroyed after every
-call). A call that fails in any way ends the processes; the next call spawns new ones.
+call). A call that fails in any way ends the processes; the next call starts new ones.
+
+rank_processes() is the multiprocessing context that starts them (and the fault tests'
+ranks): forked from a server that imported torch and gradzip once, which takes a rank's
+start from about 4 CPU-seconds to a fork.
 """
 import io
 import multiprocessing
@@ -28,8 +32,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def rank_processes():
+    """multiprocessing's forkserver context, its server preloading torch and gradzip.
+    Nothing in them starts a thread at import, so the forks are clean; the server (and
+    so every rank) runs with OMP_NUM_THREADS=1, which OpenMP reads when it is loaded."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "gradzip"])
+    return ctx
+
+
 def _rank_loop(rank, world_size, tasks, results):
-    os.environ.update(OMP_NUM_THREADS="1")
     import torch
     import torch.distributed as dist
     initial_seed = torch.initial_seed()
@@ -62,7 +75,7 @@ class _Ranks:
     """world_size processes running _rank_loop."""
 
     def __init__(self, world_size):
-        ctx = multiprocessing.get_context("spawn")
+        ctx = rank_processes()
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(world_size)]
         self.procs = [ctx.Process(target=_rank_loop, args=(r, world_size, self.tasks[r], self.results))

@@ -5,7 +5,6 @@ path, both compressed exchanges, gossip and CHOCO; and under load: beside a seco
 gradzip group that a thread of every rank keeps busy with large compressed all-reduces
 (its worker, its transport and the CPUs all taken) when the fault comes."""
 import datetime
-import multiprocessing
 import os
 import queue
 import signal
@@ -14,7 +13,7 @@ import time
 
 import pytest
 
-from ranks import free_port
+from ranks import free_port, rank_processes
 
 TIMEOUT = 5  # the groups' timeout, seconds
 WORLD, VICTIM = 3, 2
@@ -78,7 +77,7 @@ def _rank(rank, port, spec, fault, results, load=False, env=None):
 
 
 def run_fault(spec, fault, load=False, env=None):
-    ctx = multiprocessing.get_context("spawn")
+    ctx = rank_processes()
     results = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load, env)) for r in range(WORLD)]
