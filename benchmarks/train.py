@@ -254,7 +254,8 @@ def main():
                              "the table gives the time to reach it")
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end each method after the first one at the target or at the first method's time")
-    parser.add_argument("--quick", action="store_true", help="5 methods, 1 epoch of 5 steps (seconds)")
+    parser.add_argument("--quick", action="store_true",
+                        help="6 methods, 1 epoch of 5 steps, accuracy on 2000 test images (seconds)")
     parser.add_argument("--out", default="benchmarks/results/train", help="prefix of the .json and .png written")
     args = parser.parse_args()
     if args.quick:
@@ -272,6 +273,8 @@ def main():
     group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
     network = os.environ.get("GRADZIP_NETWORK", "loopback")
     data = (*load("train"), *load("test"))
+    if args.quick:  # evaluation would be most of a short run
+        data = (data[0], data[1], data[2][:2000], data[3][:2000])
     if rank == 0:
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)

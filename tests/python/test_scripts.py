@@ -9,11 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from script_ranks import run_script
+
 ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
 def torchrun(script, *args, nproc=2):
+    """The main job's way: torchrun itself (the benchmarks run under run_script, its variables
+    without its start-up)."""
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", str(nproc), str(ROOT / script), *args],
@@ -33,7 +37,7 @@ def test_training_example_learns_on_fashion_mnist():
 
 
 def test_collectives_benchmark_quick(tmp_path):
-    out = torchrun("benchmarks/collectives.py", "--quick", "--json", str(tmp_path / "c.json"))
+    out = run_script("benchmarks/collectives.py", "--quick", "--json", tmp_path / "c.json", workdir=tmp_path)
     assert "speedup" in out and "stc:density=0.01" in out, out
     result = json.loads((tmp_path / "c.json").read_text())
     assert result["world_size"] == 2 and result["network"] == "loopback"
@@ -55,7 +59,8 @@ def test_collectives_benchmark_quick(tmp_path):
 
 def test_cuda_allreduce_benchmark_runs_its_rows_on_cpu(tmp_path):
     # benchmarks/gpu.sh runs it on GPUs (NCCL); --device cpu checks the script here.
-    out = torchrun("benchmarks/cuda_allreduce.py", "--device", "cpu", "--quick", "--json", str(tmp_path / "a.json"))
+    out = run_script("benchmarks/cuda_allreduce.py", "--device", "cpu", "--quick", "--json", tmp_path / "a.json",
+                     workdir=tmp_path)
     result = json.loads((tmp_path / "a.json").read_text())
     assert result["baseline"] == "gloo" and result["world"] == 2 and result["numel"] == 100_000, out
     methods = {row["method"]: row for row in result["rows"]}
@@ -177,7 +182,7 @@ def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
 
 
 def test_train_benchmark_quick(tmp_path):
-    out = torchrun("benchmarks/train.py", "--quick", "--out", str(tmp_path / "train"))
+    out = run_script("benchmarks/train.py", "--quick", "--out", tmp_path / "train", workdir=tmp_path)
     result = json.loads((tmp_path / "train.json").read_text())
     assert list(result["results"]) == ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01",
                                        "gossip:topology=ring", "backend:sign"], out
@@ -190,15 +195,15 @@ def test_train_benchmark_quick(tmp_path):
     assert (tmp_path / "train.png").stat().st_size > 10_000
 
 
-def test_decentralized_example_learns():
-    out = torchrun("examples/train_decentralized.py", "--epochs", "1", "--max-steps", "40",
-                   "--spec", "choco:topology=ring,compress=sign,block=64,gamma=0.5")
+def test_decentralized_example_learns(tmp_path):
+    out = run_script("examples/train_decentralized.py", "--epochs", "1", "--max-steps", "40",
+                     "--spec", "choco:topology=ring,compress=sign,block=64,gamma=0.5", workdir=tmp_path)
     accuracy = float(re.search(r"final test accuracy: ([\d.]+)%", out).group(1))
     assert accuracy > 50, out
 
 
 def test_consensus_benchmark_quick(tmp_path):
-    torchrun("benchmarks/consensus.py", "--quick", "--json", str(tmp_path / "c.json"), nproc=4)
+    run_script("benchmarks/consensus.py", "--quick", "--json", tmp_path / "c.json", nproc=4, workdir=tmp_path)
     rows = {row["spec"]: row for row in json.loads((tmp_path / "c.json").read_text())["rows"]}
     assert rows["gossip:topology=onepeer"]["steps_to_1e-3"] == 2  # exact after log2 4 steps
     ring = rows["gossip:topology=ring"]
@@ -207,9 +212,7 @@ def test_consensus_benchmark_quick(tmp_path):
 
 
 def test_federated_benchmark_quick(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/federated.py"), "--quick", "--json",
-                           str(tmp_path / "f.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_script("benchmarks/federated.py", "--quick", "--json", tmp_path / "f.json", nproc=1, workdir=tmp_path)
     result = json.loads((tmp_path / "f.json").read_text())
     stc = result["stc"]["stc up 0.001 / down 0.002"]
     dense = result["stc"]["fedavg (fp32)"]
@@ -229,9 +232,7 @@ def test_federated_benchmark_quick(tmp_path):
 
 
 def test_decoder_cost_benchmark_quick(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/decoder_cost.py"), "--quick", "--json",
-                           str(tmp_path / "d.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_script("benchmarks/decoder_cost.py", "--quick", "--json", tmp_path / "d.json", nproc=1, workdir=tmp_path)
     rows = {row["codec"]: row for row in json.loads((tmp_path / "d.json").read_text())["rows"]}
     assert {"identity", "sz", "zfp", "polar", "polar, hostile, block 65536"} <= set(rows)
     hostile = next(row for name, row in rows.items() if name.startswith("polar, hostile"))
@@ -240,9 +241,8 @@ def test_decoder_cost_benchmark_quick(tmp_path):
 
 
 def test_model_codecs_benchmark_quick(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/model_codecs.py"), "--quick", "--bounds", "1e-3",
-                           "--json", str(tmp_path / "m.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run_script("benchmarks/model_codecs.py", "--quick", "--bounds", "1e-3", "--json", tmp_path / "m.json", nproc=1,
+               workdir=tmp_path)
     rows = {row["method"]: row for row in json.loads((tmp_path / "m.json").read_text())["rows"]}
     assert {"libzfp alone", "gradzip zfp codec, each tensor", "gradzip zfp, lossless=none",
             "gradzip sz (zstd after)"} <= set(rows)
@@ -314,37 +314,29 @@ def test_hierarchy_benchmark_quick_and_its_model(tmp_path):
     """The benchmark on one machine playing 2 nodes of 2 ranks (no link to count: the
     model's bytes), and the model alone at a scale: the hierarchical exchange's node
     link carries at most 1/L of the flat one's plus framing."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    env.update(OMP_NUM_THREADS="1", GRADZIP_NODE_SIZE="2")
-    done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "4", str(ROOT / "benchmarks/hierarchy.py"),
-                           "--quick", "--specs", "stc:density=0.01;fp16", "--rate", "1gbit", "--json",
-                           str(tmp_path / "h.json")], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    env = {"GRADZIP_NODE_SIZE": "2"}
+    run_script("benchmarks/hierarchy.py", "--quick", "--specs", "stc:density=0.01;fp16", "--rate", "1gbit", "--json",
+               tmp_path / "h.json", nproc=4, env=env, workdir=tmp_path)
     result = json.loads((tmp_path / "h.json").read_text())
     assert [row["spec"] for row in result["rows"]] == ["stc:density=0.01", "fp16"]
     for row in result["rows"]:
         assert row["link_bytes_per_node"] is None
         assert all(row["seconds"][m] > 0 for m in ("gloo", "flat", "hierarchical"))
         assert row["predicted_seconds"]["hierarchical"] > 0
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/hierarchy.py"), "--predict", "64x8", "--rate",
-                           "100gbit", "--specs", "qsgd:bits=4"], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    row = next(line.split() for line in done.stdout.splitlines() if line.startswith("qsgd:bits=4"))
-    assert float(row[4]) > 4, done.stdout  # flat/hier: L = 8 minus the ring's own (P-1)/(N-1) share
-    done = subprocess.run([TORCHRUN, "--standalone", "--nproc-per-node", "4", str(ROOT / "benchmarks/hierarchy.py"),
-                           "--quick", "--op", "reduce_scatter", "--specs", "fp16", "--json", str(tmp_path / "r.json")],
-                          env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = run_script("benchmarks/hierarchy.py", "--predict", "64x8", "--rate", "100gbit", "--specs", "qsgd:bits=4",
+                     nproc=1, workdir=tmp_path)
+    row = next(line.split() for line in out.splitlines() if line.startswith("qsgd:bits=4"))
+    assert float(row[4]) > 4, out  # flat/hier: L = 8 minus the ring's own (P-1)/(N-1) share
+    run_script("benchmarks/hierarchy.py", "--quick", "--op", "reduce_scatter", "--specs", "fp16", "--json",
+               tmp_path / "r.json", nproc=4, env=env, workdir=tmp_path)
     row, = json.loads((tmp_path / "r.json").read_text())["rows"]
     assert row["spec"] == "fp16:reduce_scatter=compressed" and row["op"] == "reduce_scatter"
     assert all(row["seconds"][m] > 0 for m in ("gloo", "flat", "hierarchical"))
 
 
 def test_codecs_benchmark_quick(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/codecs.py"), "--quick", "--json",
-                           str(tmp_path / "codecs.json")], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    assert "faster" in done.stdout and "x floor" in done.stdout, done.stdout
+    out = run_script("benchmarks/codecs.py", "--quick", "--json", tmp_path / "codecs.json", nproc=1, workdir=tmp_path)
+    assert "faster" in out and "x floor" in out, out
     result = json.loads((tmp_path / "codecs.json").read_text())
     assert {row["codec"] for row in result["rows"]} >= {"topk:density=0.01", "stc:density=0.01", "sign",
                                                           "qsgd:bits=4"}
@@ -356,7 +348,7 @@ def test_soak_is_flat(tmp_path):
     """The soak's short version: memory and descriptors flat over 600 all_reduces per
     aggregation, while 60 one-off tensors pass through the backend (each would keep a
     400 KB residual forever if expired keys kept their state: +24 MB and more)."""
-    torchrun("benchmarks/soak.py", "--calls", "600", "--json", str(tmp_path / "soak.json"))
+    run_script("benchmarks/soak.py", "--calls", "600", "--json", tmp_path / "soak.json", workdir=tmp_path)
     result = json.loads((tmp_path / "soak.json").read_text())
     assert len(result["rows"]) == 8 and result["fds_left"] == 0
     for row in result["rows"]:
@@ -364,13 +356,12 @@ def test_soak_is_flat(tmp_path):
 
 
 def test_sharded_benchmark_quick(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks/sharded.py"), "--quick", "--json",
-                           str(tmp_path / "s.json")], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = run_script("benchmarks/sharded.py", "--quick", "--json", tmp_path / "s.json", nproc=1, timeout=600,
+                     workdir=tmp_path)
     result = json.loads((tmp_path / "s.json").read_text())
     (fsdp,), (diloco,) = result["fsdp"], result["diloco"]
     assert fsdp["spec"] == "stc:density=0.01" and diloco["spec"] == "qsgd:bits=4,ef=1,norm=max"
-    assert fsdp["accuracy"] > 0.2 and fsdp["fewer_bytes_than_exact"] > 50, done.stdout
-    assert diloco["accuracy"] > 0.5 and diloco["fewer_bytes_than_ddp"] > 100, done.stdout
-    assert "| spec | accuracy | vs exact (points)" in done.stdout
+    assert fsdp["accuracy"] > 0.2 and fsdp["fewer_bytes_than_exact"] > 50, out
+    assert diloco["accuracy"] > 0.5 and diloco["fewer_bytes_than_ddp"] > 100, out
+    assert "| spec | accuracy | vs exact (points)" in out
 
