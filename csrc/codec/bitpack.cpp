@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "codec/cpu_features.h"
 #include "codec/element_math.cuh"
 
 namespace gradzip::bitpack {
@@ -45,8 +46,6 @@ __attribute__((target("avx2"))) int64_t add_signs_avx2(const uint8_t* bits, int6
   }
   return i;
 }
-
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
 }  // namespace
 

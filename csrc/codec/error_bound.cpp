@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "codec/cpu_features.h"
+
 namespace gradzip {
 
 namespace {
@@ -47,8 +49,6 @@ Range range_baseline(const float* u, int64_t n) { return range_of(u, n); }
 
 // The same loop compiled for AVX2 (eight lanes where the baseline build has four).
 __attribute__((target("avx2"))) Range range_avx2(const float* u, int64_t n) { return range_of(u, n); }
-
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
 bool has_key(const CodecRecord& record, const std::string& name) {
   for (const auto& key : record.keys) {

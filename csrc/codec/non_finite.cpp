@@ -4,6 +4,7 @@
 #include <cstring>
 #include <limits>
 
+#include "codec/cpu_features.h"
 #include "codec/wire.h"
 
 namespace gradzip {
@@ -40,8 +41,6 @@ bool all_finite_baseline(const float* x, int64_t n) {
   }
   return true;
 }
-
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
 }  // namespace
 

@@ -5,6 +5,7 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 
+#include "codec/cpu_features.h"
 #include "codec/element_math.cuh"
 
 namespace gradzip {
@@ -108,9 +109,6 @@ __attribute__((target("avx512f"))) void philox_words64_avx512(uint64_t first, ui
     for (int w = 0; w < 4; ++w) words[4 * lane + w] = out[w][lane];
   }
 }
-
-const bool kHasAvx512 = __builtin_cpu_supports("avx512f");
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include <random>
 #include <vector>
 
+#include "codec/cpu_features.h"
 #include "codec/error_bound.h"
 #include "codec/zfp_stream.h"
 
@@ -190,8 +191,6 @@ template <typename Sink>
 __attribute__((target("avx2"))) bool predict_avx2(const float* values, int64_t n, int32_t minimum_exponent, Sink& sink) {
   return predict_field(values, n, minimum_exponent, sink);
 }
-
-const bool kHasAvx2 = __builtin_cpu_supports("avx2");
 
 // The library's decode of values[0..n) at a tolerance.
 std::vector<float> library_round_trip(std::vector<float> values, double tolerance) {
