@@ -42,7 +42,7 @@ def run_script(script, *args, nproc=2, env=None, timeout=300, workdir):
     ctx = rank_processes()
     port = free_port()
     base = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    base.update(OMP_NUM_THREADS="1", **(env or {}))
+    base.update({"OMP_NUM_THREADS": "1", **(env or {})})
     procs, files = [], []
     for rank in range(nproc):
         rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
