@@ -43,7 +43,7 @@ class SharedCheckBoard {
 
   // Posts `mine` (width int64) and returns every rank's, width each in rank order, once
   // every rank has posted. Throws std::runtime_error naming the ranks it waited for when
-  // one has exited or `timeout` passed.
+  // one has exited or stopped, or `timeout` passed.
   std::vector<int64_t> exchange(const int64_t* mine, std::chrono::milliseconds timeout);
   // Ends a wait in exchange() on this rank within 50 ms, and every later one at once, with
   // an error, and tells the other ranks that this one will post no more: their waits for

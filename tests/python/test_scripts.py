@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from script_ranks import run_script
+from script_ranks import ROOT, run_script
 
-ROOT = Path(__file__).resolve().parents[2]
 TORCHRUN = str(Path(sys.executable).parent / "torchrun")
 
 
