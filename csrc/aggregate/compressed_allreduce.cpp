@@ -1,5 +1,6 @@
 #include "aggregate/compressed_allreduce.h"
 
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -13,10 +14,7 @@
 #include "aggregate/finite_step.h"
 #include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-
 #include "aggregate/device_codec_glue.h"
-#include "cuda/device_codec.h"
 #endif
 
 namespace gradzip {
@@ -285,13 +283,6 @@ void CompressedAllreduce::take_step(CompressedState& state, const std::string& k
   call.key = &key;
 }
 
-at::Device CompressedAllreduce::residual_device(const at::Tensor& tensor) const {
-#ifdef GRADZIP_WITH_CUDA
-  if (tensor.is_cuda() && cuda::has_device_half(*codec_)) return tensor.device();
-#endif
-  return at::Device(at::kCPU);
-}
-
 CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op,
                                                    const c10d::Backend& transport,
                                                    const CompressedState& state) const {
@@ -443,7 +434,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   follow_loss_scale(state);
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
   if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
-    own_chunk(state, how.owned, residual_device(tensors.front()), tensors.front().numel(), key);
+    own_chunk(state, how.owned, codec_device(*codec_, tensors.front()), tensors.front().numel(), key);
   }
   return run(tensors, opts, transport, stats, key, lock, state, how, key, all_finite);
 }
@@ -462,7 +453,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   for (const auto& piece : pieces) total += piece.numel;
   TORCH_CHECK(total == tensors.front().numel(), "gradzip: the pieces hold ", total, " elements, the tensor ",
               tensors.front().numel());
-  const at::Device device = residual_device(tensors.front());
+  const at::Device device = codec_device(*codec_, tensors.front());
   std::unique_lock<std::mutex> lock(mutex_);
   // One state for the whole tensor, assembled from the pieces' and returned to them as
   // views of it (so the next call of the same layout assembles nothing): the worker
@@ -549,7 +540,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   }
   const int64_t n = tensor.numel();
   const int ranks = transport->getSize();
-  const at::Device device = residual_device(tensor);
+  const at::Device device = codec_device(*codec_, tensor);
   ExchangeCall call;
   call.x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();  // the exchanges cut it in chunks
   lock.unlock();
@@ -566,10 +557,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
       momentum_ > 0 ? add_momentum(state, call, momentum_, key, how.codec->selects()) : at::Tensor();
   lock.unlock();
 
-#ifdef GRADZIP_WITH_CUDA
-  const std::optional<c10::cuda::CUDAGuard> guard =
-      device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
-#endif
+  const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   // An fp32 tensor on the codec's device is its own sum (the encoder reads it before
   // anything is written): no 4n-byte buffer and no pass to copy it back.
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
@@ -620,7 +608,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
     lock.unlock();
     return exact_reduce_scatter(output, input, opts, transport, stats);
   }
-  const at::Device device = residual_device(input);
+  const at::Device device = codec_device(*codec_, input);
   const std::shared_ptr<const Codec> codec = codec_for(state);
   ExchangeCall call;
   call.x = input.detach().reshape({n}).to(device, at::kFloat).contiguous();
@@ -639,10 +627,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
       momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
   lock.unlock();
 
-#ifdef GRADZIP_WITH_CUDA
-  const std::optional<c10::cuda::CUDAGuard> guard =
-      device.is_cuda() ? std::optional<c10::cuda::CUDAGuard>(device) : std::nullopt;
-#endif
+  const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
   const auto tensor = tensor_codec(codec, device);
   const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)

@@ -156,8 +156,6 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                  c10d::ReduceOp::RedOpType op, const c10d::Backend& transport, ExchangeCall& call) const;
   // Brings `state`'s residuals and velocity into the current loss scale (mutex_ held).
   void follow_loss_scale(CompressedState& state) const;
-  // Where this tensor's residuals live: its GPU when the codec has a device half, else the CPU.
-  at::Device residual_device(const at::Tensor& tensor) const;
   // The rounds asked for a tensor: the spec's, or automatic (0) on the CPU; one round for
   // CUDA tensors unless the spec asks, until pipelining is measured on a GPU (the device
   // path still reads each slot's length on the host).

@@ -155,14 +155,11 @@ class DeviceTensorCodec final : public TensorCodec {
   }
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
-    const SlotHeads heads(slots, stride, rows);
-    const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
-    try {
-      decode_add_on_device(codec_->id(), payloads, stride, heads.sizes, sum, scale, /*set=*/true, heads.prefix(0),
-                           heads.bytes_per_row);
-    } catch (const cuda::RankPayloadError& e) {
-      throw SlotError(e.rank(), e.what());
-    }
+    decode_rows(slots, stride, rows, sum, scale, /*set=*/true);
+  }
+
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    decode_rows(slots, stride, rows, sum, scale, /*set=*/false);
   }
 
   // Every slot's kernels queued, then one read of all their checks.
@@ -195,6 +192,18 @@ class DeviceTensorCodec final : public TensorCodec {
   }
 
  private:
+  // The rows' payloads added into `sum`, or (set) into zeros.
+  void decode_rows(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale, bool set) const {
+    const SlotHeads heads(slots, stride, rows);
+    const at::Tensor payloads = slots.narrow(0, kSlotHeaderBytes, rows * stride - kSlotHeaderBytes);
+    try {
+      decode_add_on_device(codec_->id(), payloads, stride, heads.sizes, sum, scale, set, heads.prefix(0),
+                           heads.bytes_per_row);
+    } catch (const cuda::RankPayloadError& e) {
+      throw SlotError(e.rank(), e.what());
+    }
+  }
+
   std::shared_ptr<const Codec> codec_;
 };
 

@@ -2,20 +2,20 @@
 
 #include <c10/util/Exception.h>
 
+#include <c10/core/DeviceGuard.h>
+
 #include <algorithm>
-#include <functional>
 #include <limits>
 
 #include "work/completed_work.h"
 #include "aggregate/exact_allreduce.h"
 #include "aggregate/peer_exchange.h"
 #include "aggregate/peer_header.h"
+#include "aggregate/slots.h"
+#include "aggregate/tensor_codec.h"
 #include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
-#include <c10/cuda/CUDAGuard.h>
-
 #include "aggregate/device_codec_glue.h"
-#include "cuda/device_codec.h"
 #endif
 
 namespace gradzip {
@@ -73,79 +73,17 @@ int64_t bytes_received(const std::vector<PeerMessage>& messages) {
   return total;
 }
 
-// Whether CHOCO keeps this tensor's public copies and runs its codec on its GPU.
-bool on_device([[maybe_unused]] const at::Tensor& tensor, [[maybe_unused]] const Codec& codec) {
-#ifdef GRADZIP_WITH_CUDA
-  return tensor.is_cuda() && cuda::has_device_half(codec);
-#else
-  return false;
-#endif
-}
-
-#ifdef GRADZIP_WITH_CUDA
-struct ChocoCall {
-  const std::vector<Neighbour>& neighbours;
-  int rank, size;
-  uint64_t step, seed;
-  double gamma;
-  const std::string& key;
-};
-
-// Adds the payload (uint8, on the copy's GPU) into a public copy, as the host's
-// decode_add adds it. The payload goes into a row of whole 8-byte words first: the
-// decoders read whole words.
-void add_decoded(const Codec& codec, const at::Tensor& payload, at::Tensor& copy) {
+// Adds a payload (uint8, any device) into `target` (on the codec's device), as the
+// codec's decode_add adds it. It goes through a slot of its own (aggregate/slots.h): the
+// decoders read whole 8-byte words.
+void add_payload(const TensorCodec& codec, const at::Tensor& payload, at::Tensor& target) {
   const int64_t size = payload.numel();
-  const int64_t stride = std::max<int64_t>(8, (size + 7) / 8 * 8);
-  at::Tensor row = at::zeros({stride}, payload.options());
-  row.narrow(0, 0, size).copy_(payload);
-  decode_add_on_device(codec.id(), row, stride, {static_cast<size_t>(size)}, copy);
+  const int64_t stride = kSlotHeaderBytes + std::max<int64_t>(8, (size + 7) / 8 * 8);
+  at::Tensor slot = at::zeros({stride}, at::dtype(at::kByte).device(target.device()));
+  slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).fill_(size);
+  slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
+  codec.decode_add(slot, stride, 1, target);
 }
-
-// CHOCO's step for a CUDA tensor, its public copies on its GPU (copy_tensor(owner)): q =
-// Q(x − x^) encoded there and sent to the neighbours, every holder of x^ adds the same
-// decoded q, then x += gamma · sum_j w_ij (x^_j − x^_i) in ascending rank order. Returns
-// false, leaving x alone, when this rank's x or a neighbour's held Inf or NaN.
-bool choco_step_on_device(const Codec& codec, at::Tensor& tensor, const std::function<at::Tensor&(int)>& copy_tensor,
-                          const ChocoCall& call, const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats) {
-  const c10::cuda::CUDAGuard guard(tensor.device());
-  const int64_t n = tensor.numel();
-  at::Tensor& mine = copy_tensor(call.rank);
-  const at::Tensor x = tensor.detach().reshape({n}).to(at::kFloat).contiguous();
-  const bool finite = at::isfinite(x).all().item<bool>();
-  const at::Tensor bytes = finite ? encode_on_device(codec, x - mine, at::Tensor(),
-                                                     EncodeContext{call.seed, call.step, static_cast<uint32_t>(call.rank)})
-                                  : at::empty({0}, at::dtype(at::kByte).device(tensor.device()));
-  const auto header = message_header(bytes.numel(), finite, tensor, call.step);
-  const auto max_bytes = static_cast<int64_t>(codec.max_payload_bytes(n));
-  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(call.neighbours), transport,
-                                            header_check(header, max_bytes, call.rank, call.key));
-  bool all_sent = finite;
-  if (finite) add_decoded(codec, bytes, mine);
-  for (const auto& m : messages) {
-    if (!sent_finite(m)) {
-      all_sent = false;
-      continue;
-    }
-    try {
-      add_decoded(codec, m.bytes.to(tensor.device()), copy_tensor(m.rank));
-    } catch (const cuda::RankPayloadError& e) {
-      TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", call.key,
-                  "' cannot be decoded: ", e.what());
-    }
-  }
-  const int64_t peers = static_cast<int64_t>(call.neighbours.size());
-  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages),
-            ring_allreduce_bytes(n * 4, call.size));
-  if (!all_sent) return false;
-  at::Tensor delta = at::zeros({n}, x.options());
-  for (const auto& neighbour : call.neighbours) {
-    delta.add_(copy_tensor(neighbour.rank) - mine, static_cast<float>(neighbour.weight));
-  }
-  tensor.add_(delta.view(tensor.sizes()).to(tensor.scalar_type()), call.gamma);
-  return true;
-}
-#endif
 
 // What one gossip call runs on: the group, its graph, and this tensor's state and step.
 template <typename KeyState>
@@ -307,7 +245,8 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   const int64_t n = tensor.numel();
   const auto& neighbours = topology.neighbours(rank, step);
   // With a codec that has GPU kernels, a CUDA tensor's public copies live on its device.
-  const at::Device device = on_device(tensor, *codec_) ? tensor.device() : at::Device(at::kCPU);
+  const at::Device device = codec_device(*codec_, tensor);
+  const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   auto& copies = state.public_copies;
   auto copy_tensor = [&](int owner) -> at::Tensor& {
     auto& copy = copies[owner];
@@ -320,69 +259,52 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
 #endif
     return copy;
   };
-#ifdef GRADZIP_WITH_CUDA
-  if (device.is_cuda()) {
-    const ChocoCall call{neighbours, rank, size, step, seed_for_key(seed_, key), gamma_, key};
-    if (!choco_step_on_device(*codec_, tensor, copy_tensor, call, transport, stats)) {
-      tensor.fill_(std::numeric_limits<float>::quiet_NaN());  // as on the host: a Inf or NaN was not sent
-    } else if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) {
-      tensor.mul_(size);
-    }
-    return completed_work(tensors);
-  }
-#endif
-  auto copy_of = [&](int owner) -> float* { return copy_tensor(owner).data_ptr<float>(); };
-  float* mine = copy_of(rank);
+  const auto codec = tensor_codec(codec_, device);
+  at::Tensor& mine = copy_tensor(rank);
 
   // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.
   // A rank whose x holds Inf or NaN sends no q: no holder changes its copy of that rank.
-  const auto x = tensor.detach().to(at::kCPU, at::kFloat).contiguous();
-  const float* xs = x.data_ptr<float>();
-  const bool finite = all_finite(xs, n);
-  std::vector<uint8_t> payload;
+  const at::Tensor x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();
+  const bool finite = at::isfinite(x).all().item<bool>();
+  at::Tensor slot = at::empty({finite ? codec->slot_bytes(n) : 0}, at::dtype(at::kByte).device(device));
+  int64_t payload_bytes = 0;
   if (finite) {
-    std::vector<float> difference(n);
-    for (int64_t i = 0; i < n; ++i) difference[i] = xs[i] - mine[i];
-    codec_->encode(difference.data(), n, nullptr, EncodeContext{seed_for_key(seed_, key), step, static_cast<uint32_t>(rank)}, payload);
+    codec->encode(x - mine, at::Tensor(), EncodeContext{seed_for_key(seed_, key), step, static_cast<uint32_t>(rank)},
+                  slot);
+    payload_bytes = slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).item<int64_t>();
   }
-  const auto bytes =
-      at::from_blob(payload.data(), {static_cast<int64_t>(payload.size())}, at::kByte).to(tensor.device());
-  const auto header = message_header(bytes.numel(), finite, tensor, step);
+  const at::Tensor bytes =
+      slot.narrow(0, std::min<int64_t>(kSlotHeaderBytes, slot.numel()), payload_bytes).to(tensor.device());
+  const auto header = message_header(payload_bytes, finite, tensor, step);
   const auto max_bytes = static_cast<int64_t>(codec_->max_payload_bytes(n));
   const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
                                             header_check(header, max_bytes, rank, key));
 
   bool all_sent = finite;
-  if (finite) codec_->decode_add(payload.data(), payload.size(), mine, n);
+  if (finite) codec->decode_add(slot, slot.numel(), 1, mine);
   for (const auto& m : messages) {
     if (!sent_finite(m)) {
       all_sent = false;
       continue;
     }
-    const auto received = m.bytes.cpu();
     try {
-      codec_->decode_add(received.data_ptr<uint8_t>(), received.numel(), copy_of(m.rank), n);
-    } catch (const PayloadError& e) {
+      add_payload(*codec, m.bytes, copy_tensor(m.rank));
+    } catch (const SlotError& e) {
       TORCH_CHECK(false, "gradzip: the choco payload of rank ", m.rank, " for the tensor keyed '", key,
                   "' cannot be decoded: ", e.what());
     }
   }
 
   const int64_t peers = static_cast<int64_t>(neighbours.size());
-  stats.add(peers * (bytes.numel() + kHeaderBytes), bytes_received(messages), ring_allreduce_bytes(n * 4, size));
+  stats.add(peers * (payload_bytes + kHeaderBytes), bytes_received(messages), ring_allreduce_bytes(n * 4, size));
   if (!all_sent) {  // this rank's input or a neighbour's held Inf or NaN: so does the result
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }
 
   // x += gamma * sum_j w_ij (x^_j - x^_i), neighbours in ascending rank order.
-  auto delta = at::zeros({n}, at::kFloat);
-  float* d = delta.data_ptr<float>();
-  for (const auto& neighbour : neighbours) {
-    const float w = static_cast<float>(neighbour.weight);
-    const float* theirs = copies[neighbour.rank].data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) d[i] += w * (theirs[i] - mine[i]);
-  }
+  at::Tensor delta = at::zeros({n}, x.options());
+  for (const auto& neighbour : neighbours) delta.add_(copy_tensor(neighbour.rank) - mine, neighbour.weight);
   tensor.add_(delta.view(tensor.sizes()).to(tensor.device(), tensor.scalar_type()), gamma_);
   if (opts.reduceOp.op_ == c10d::ReduceOp::SUM) tensor.mul_(size);
   return completed_work(tensors);

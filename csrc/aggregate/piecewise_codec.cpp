@@ -57,12 +57,11 @@ class PiecewiseTensorCodec final : public TensorCodec {
   }
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
-    check_numel(sum.numel());
-    check_rows(slots, stride, rows);
-    check_declared_sizes(slots, stride, rows);
-    for (const Part& p : parts_) {
-      p.codec->decode_sum(rows_of(slots, p), stride, rows, sum.narrow(0, p.offset, p.numel), scale);
-    }
+    decode_rows(slots, stride, rows, sum, scale, /*set=*/true);
+  }
+
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    decode_rows(slots, stride, rows, sum, scale, /*set=*/false);
   }
 
   // Row r's piece p alone: its slot is given as a row of its own size.
@@ -93,6 +92,20 @@ class PiecewiseTensorCodec final : public TensorCodec {
     std::shared_ptr<const Codec> codec_of_piece;
   };
 
+  // Every piece's rows added into its part of `sum`, or (set) into zeros.
+  void decode_rows(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale, bool set) const {
+    check_numel(sum.numel());
+    check_rows(slots, stride, rows);
+    check_declared_sizes(slots, stride, rows);
+    for (const Part& p : parts_) {
+      const at::Tensor part = sum.narrow(0, p.offset, p.numel);
+      if (set) {
+        p.codec->decode_sum(rows_of(slots, p), stride, rows, part, scale);
+      } else {
+        p.codec->decode_add(rows_of(slots, p), stride, rows, part, scale);
+      }
+    }
+  }
   void check_numel(int64_t n) const {
     TORCH_CHECK(n == numel_, "gradzip: a piecewise codec of ", numel_, " elements was given ", n,
                 " (an exchange must take the part() of each chunk)");

@@ -9,6 +9,7 @@
 
 #ifdef GRADZIP_WITH_CUDA
 #include "aggregate/device_codec_glue.h"
+#include "cuda/device_codec.h"
 #endif
 
 namespace gradzip {
@@ -36,6 +37,10 @@ class HostTensorCodec final : public TensorCodec {
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
     sum.zero_();
+    decode_add(slots, stride, rows, sum, scale);
+  }
+
+  void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
     const uint8_t* base = slots.data_ptr<uint8_t>();
     std::vector<size_t> sizes(rows);
     for (int r = 0; r < rows; ++r) {
@@ -76,6 +81,13 @@ class HostTensorCodec final : public TensorCodec {
 };
 
 }  // namespace
+
+at::Device codec_device([[maybe_unused]] const Codec& codec, const at::Tensor& tensor) {
+#ifdef GRADZIP_WITH_CUDA
+  if (tensor.is_cuda() && cuda::has_device_half(codec)) return tensor.device();
+#endif
+  return at::Device(at::kCPU);
+}
 
 std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device) {
 #ifdef GRADZIP_WITH_CUDA

@@ -36,12 +36,21 @@ class TensorCodec {
   // SlotError naming the first slot that cannot be decoded (a failed slot included).
   virtual void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
                           float scale = 1.0f) const = 0;
+  // As decode_sum, but adds to what `sum` holds (a running state: CHOCO's public copies)
+  // instead of to zeros.
+  virtual void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum,
+                          float scale = 1.0f) const = 0;
   // Sets targets[r] to scale × the payload of slot r alone, for r = 0 .. targets.size() − 1
   // (the owners' reduced pieces: each its own part of the result). Throws SlotError naming
   // the first slot that cannot be decoded.
   virtual void decode_each(const at::Tensor& slots, int64_t stride, const std::vector<at::Tensor>& targets,
                            float scale) const = 0;
 };
+
+// Where `codec` works on `tensor`, and keeps the state that goes with it (residuals,
+// public copies): the tensor's GPU when the codec has a device half (CUDA builds), else
+// the CPU.
+at::Device codec_device(const Codec& codec, const at::Tensor& tensor);
 
 // The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
 // GPU (CUDA builds; the codec must have one).

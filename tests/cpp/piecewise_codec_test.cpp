@@ -1,5 +1,6 @@
 // The piecewise codec (aggregate/piecewise_codec.h) against a simple reference: each
-// piece's own top-k by std::nth_element, small pieces exact.
+// piece's own top-k by std::nth_element, small pieces exact; and TensorCodec's
+// decode_add, on the host and piecewise, against the codec's own decode_add.
 #include "aggregate/piecewise_codec.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <random>
 
 #include "aggregate/slots.h"
+#include "aggregate/tensor_codec.h"
 
 namespace gradzip {
 namespace {
@@ -98,6 +100,52 @@ TEST(PiecewiseCodecTest, ASlotDeclaringMoreThanItsPieceHoldsIsRefused) {
   } catch (const SlotError& e) {
     EXPECT_EQ(e.row(), 0);
     EXPECT_NE(std::string(e.what()).find("more than the"), std::string::npos) << e.what();
+  }
+}
+
+// `rows` slots of n random elements encoded by `tensor`, `stride` bytes apart.
+at::Tensor encoded_rows(const TensorCodec& tensor, int64_t n, int rows, int64_t stride) {
+  at::Tensor slots = at::empty({rows * stride}, at::kByte);
+  for (int r = 0; r < rows; ++r) {
+    tensor.encode(random_vector(n, 10 + r), at::Tensor(), EncodeContext{5, 1, static_cast<uint32_t>(r)},
+                  slots.narrow(0, r * stride, stride));
+  }
+  return slots;
+}
+
+TEST(TensorCodecTest, DecodeAddAddsToWhatTheTargetHolds) {
+  // Three rows added into a running state, on the host: the bits of the codec's own
+  // decode_add of each payload in turn (qsgd and sign take the range-by-range path).
+  const int64_t n = 9000;
+  const at::Tensor start = random_vector(n, 3);
+  for (const std::string spec : {"qsgd:bits=4", "sign", "topk:density=0.01", "stc:density=0.02"}) {
+    const auto host = codec(spec);
+    const auto on_host = tensor_codec(host, at::kCPU);
+    const int64_t stride = on_host->slot_bytes(n);
+    const at::Tensor slots = encoded_rows(*on_host, n, 3, stride);
+    at::Tensor added = start.clone();
+    on_host->decode_add(slots, stride, 3, added, 0.5f);
+    at::Tensor expected = start.clone();
+    for (int r = 0; r < 3; ++r) {
+      uint64_t size;
+      std::memcpy(&size, slots.data_ptr<uint8_t>() + r * stride, sizeof size);
+      host->decode_add(slots.data_ptr<uint8_t>() + r * stride + kSlotHeaderBytes, size, expected.data_ptr<float>(),
+                       n, 0.5f);
+    }
+    EXPECT_FALSE(at::equal(expected, start)) << spec;
+    EXPECT_TRUE(at::equal(added, expected)) << spec;
+
+    // Piecewise: each piece's rows added into its part, as the piece's codec adds them.
+    const auto piecewise = piecewise_codec({{6000, host}, {3000, host}});
+    const int64_t first = slot_bytes(*host, 6000);
+    const int64_t whole = piecewise->slot_bytes(n);
+    const at::Tensor pieces = encoded_rows(*piecewise, n, 3, whole);
+    at::Tensor by_pieces = start.clone();
+    piecewise->decode_add(pieces, whole, 3, by_pieces, 0.5f);
+    expected = start.clone();
+    on_host->decode_add(pieces, whole, 3, expected.narrow(0, 0, 6000), 0.5f);
+    on_host->decode_add(pieces.narrow(0, first, 3 * whole - first), whole, 3, expected.narrow(0, 6000, 3000), 0.5f);
+    EXPECT_TRUE(at::equal(by_pieces, expected)) << spec;
   }
 }
 

@@ -219,3 +219,23 @@ def test_unsupported_graphs_and_specs_are_clear_errors():
         gradzip.Topology.from_neighbour_lists({0: [1], 1: []})
     t = gradzip.Topology.from_neighbour_lists({0: [1, 2], 1: [0], 2: [0]})
     assert [r for r, _ in t.neighbours(0)] == [1, 2]
+
+
+def foreign_payload(rank, world):
+    """Rank 0 runs choco with fp16, rank 1 with bf16 (payloads of one size): each receives
+    a payload its codec did not write."""
+    dist.init_process_group("gloo")
+    spec = f"choco:topology=ring,compress={'fp16' if rank == 0 else 'bf16'},gamma=0.5"
+    try:
+        gradzip.Aggregation(spec)(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_a_payload_the_codec_cannot_decode_is_an_error_naming_its_rank():
+    out = run_ranks(foreign_payload, 2, timeout=120)
+    for rank, (codec, other) in enumerate([("fp16", "bf16"), ("bf16", "fp16")]):
+        assert out[rank] == (f"gradzip: the choco payload of rank {1 - rank} for the tensor keyed 'tensor' cannot be "
+                             f"decoded: gradzip: invalid {codec} payload: a {other} payload given to the {codec} "
+                             "decoder"), out[rank]
