@@ -20,10 +20,12 @@ The cost model (node_egress_bytes, predict_seconds), its assumptions named:
   consecutive ranks), so a node's link carries one rank's ring traffic; its all-to-all
   sends each rank's chunk straight to every other rank;
 - the L lanes of a hierarchical exchange share their node's link;
-- the codec's time is its encode and decodes measured here on one rank alone (decodes:
-  one per payload the rank receives), stretched by how much less copy bandwidth a rank
-  gets while every rank copies at once (the ranks share the cores and the memory);
-- nothing overlaps: time = wire + codec.
+- the codec's time is its encode and decodes (one per payload the rank receives)
+  measured here with every rank encoding and decoding at once, the slowest rank's: the
+  ranks share the cores and the memory, as they do in the exchange (4 ranks on 2 cores
+  each get half a core); the node stages' memory passes go at the copy bandwidth a rank
+  gets while every rank copies;
+- nothing overlaps but two-phase's rounds: time = wire + codec.
 """
 import argparse
 import json
@@ -88,38 +90,42 @@ def codec_seconds(spec, numel, repetitions=3):
     return statistics.median(encodes), statistics.median(decodes)
 
 
-def exchange_seconds(plan, wire, encode, decode, ranks, sharing):
+def exchange_seconds(plan, wire, encode, decode, ranks):
     """One compressed exchange: one-shot encodes, sends, then decodes the P payloads;
     two-phase encodes the P chunks and its owned chunk again and decodes twice, in
     rounds that overlap the codec with the wire."""
     if plan["choice"] == "twophase":
-        codec = sharing * (encode * (1 + 1 / ranks) + 2 * decode)
+        codec = encode * (1 + 1 / ranks) + 2 * decode
         return max(wire, codec) + min(wire, codec) / plan["rounds"]
-    return wire + sharing * (encode + ranks * decode)
+    return wire + encode + ranks * decode
 
 
-def predict_seconds(spec, numel, nodes, per_node, rate, codec, copy_bandwidth, sharing):
-    """Seconds per all-reduce by method (the model above)."""
+def predict_seconds(spec, numel, nodes, per_node, rate, codec, copy_bandwidth):
+    """Seconds per all-reduce by method (the model above); codec(spec, n): (encode, one
+    decode) seconds; copy_bandwidth: a rank's bytes read and written per second."""
     egress = node_egress_bytes(spec, numel, nodes, per_node)
     ranks = nodes * per_node
     shard = -(-numel // per_node)
     flat = exchange_seconds(gradzip.exchange_plan(spec, numel, ranks), 8 * egress["flat"] / rate,
-                            *codec(spec, numel), ranks, sharing)
+                            *codec(spec, numel), ranks)
     lane = exchange_seconds(gradzip.exchange_plan(spec, shard, nodes), 8 * egress["hierarchical"] / rate,
-                            *codec(spec, shard), nodes, sharing)
+                            *codec(spec, shard), nodes)
     # Inside the node (shared memory): x (and the residual) read and its row written, the
-    # shard's rows read, the result read and the sum written: about 6 passes of 4n bytes,
-    # at one rank's copy bandwidth (bytes read and written per second).
-    inside = sharing * 6 * 4 * numel / copy_bandwidth
+    # shard's rows read, the result read and the sum written: about 6 passes of 4n bytes.
+    inside = 6 * 4 * numel / copy_bandwidth
     return {"gloo": 8 * egress["gloo"] / rate, "flat": flat, "hierarchical": inside + lane}
 
 
-def measured_codec(cache={}):
-    def codec(spec, numel):
-        if (spec, numel) not in cache:
-            cache[(spec, numel)] = codec_seconds(spec, numel)
-        return cache[(spec, numel)]
-    return codec
+def codec_seconds_together(sizes, group):
+    """codec_seconds of each (spec, n) in `sizes`, every rank of `group` measuring at once;
+    the slowest rank's (encode, decode)."""
+    mine = {}
+    for spec, numel in sizes:
+        dist.barrier(group=group)
+        mine[spec, numel] = codec_seconds(spec, numel)
+    gathered = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, mine, group=group)
+    return {key: tuple(max(g[key][i] for g in gathered) for i in range(2)) for key in mine}
 
 
 def copy_bandwidth(numel, seconds=1.0):
@@ -199,14 +205,15 @@ def run(args):
                              "model_bytes_per_node": None if scatter else node_egress_bytes(spec, numel, nodes, per_node)})
             for group in groups.values():
                 dist.destroy_process_group(group)
-    # The copy bandwidth a rank gets while every rank copies, then rank 0's alone.
+    # The copy bandwidth a rank gets while every rank copies, then rank 0's alone; the
+    # codec's times with every rank encoding and decoding at once.
     dist.barrier(group=gloo)
     together = copy_bandwidth(min(args.numel))
     dist.barrier(group=gloo)
+    bandwidth = copy_bandwidth(min(args.numel)) if rank == 0 else None
+    codec_times = {} if scatter or not rate else codec_seconds_together(
+        [(spec, n) for numel in args.numel for spec in args.specs for n in (numel, -(-numel // per_node))], gloo)
     if rank == 0:
-        codec = measured_codec()
-        bandwidth = copy_bandwidth(min(args.numel))
-        sharing = max(1.0, bandwidth / together)
         print(f"hierarchy.py: {args.op}, {nodes} nodes x {per_node} ranks, network: {os.environ.get('GRADZIP_NETWORK', 'loopback')}; "
               f"copy {bandwidth / 1e9:.1f} GB/s alone, {together / 1e9:.1f} GB/s per rank together")
         print(f"{'spec':22s} {'n':>10s} {'gloo s':>8s} {'flat s':>8s} {'hier s':>8s} {'hier/flat':>9s} "
@@ -216,8 +223,8 @@ def run(args):
             link = row["link_bytes_per_node"] or {}
             model = row["model_bytes_per_node"] or {"flat": float("nan"), "hierarchical": float("nan")}
             if rate and not scatter:  # the model is the all-reduce's
-                row["predicted_seconds"] = predict_seconds(row["spec"], row["numel"], nodes, per_node, rate, codec,
-                                                           bandwidth, sharing)
+                row["predicted_seconds"] = predict_seconds(row["spec"], row["numel"], nodes, per_node, rate,
+                                                           lambda spec, n: codec_times[spec, n], together)
             print(f"{row['spec']:22s} {row['numel']:10d} {s['gloo']:8.3f} {s['flat']:8.3f} {s['hierarchical']:8.3f} "
                   f"{s['flat'] / s['hierarchical']:9.2f} {s['gloo'] / s['hierarchical']:7.2f} "
                   f"{link.get('flat', float('nan')) / 1e6:12.2f} {link.get('hierarchical', float('nan')) / 1e6:12.2f} "
@@ -234,8 +241,8 @@ def run(args):
 
 
 def predict_only(args):
-    """The model at a scale this machine cannot run: wire time only, or with the codec's
-    measured time here when --with-codec."""
+    """The model's wire times at a scale this machine cannot run (the codec's time there is
+    the GPU's, not this machine's)."""
     nodes, per_node = (int(v) for v in args.predict.split("x"))
     rate = rate_bits(args.rate)
     if rate is None:

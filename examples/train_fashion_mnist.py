@@ -49,14 +49,17 @@ def main():
     test_x, test_y = load("test")
     torch.manual_seed(args.seed)
     model = DDP(SmallCNN())
-    counters = gradzip  # stats() and reset_stats(): the bytes each rank sent in all-reduces
-    if args.door == "hook":
-        counters = gradzip.hooks.State(spec, model=model)
-        model.register_comm_hook(counters, gradzip.hooks.hook)
     # With momentum correction (a spec's `momentum` key) the aggregation keeps the
     # velocity, so the optimizer must not keep one too.
     momentum = args.momentum if args.momentum is not None else 0.0 if "momentum" in spec.params else 0.9
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
+    counters = gradzip  # stats() and reset_stats(): the bytes each rank sent in all-reduces
+    if args.door == "hook":
+        # Given the optimizer, the hook moves its momentum into the aggregation where the
+        # codec takes it (top-k, random-k, STC, sign): momentum correction.
+        counters = gradzip.hooks.State(spec, model=model, optimizer=opt)
+        model.register_comm_hook(counters, gradzip.hooks.hook)
+        spec = counters.spec
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"gradzip {gradzip.__version__}: {world} ranks, aggregation '{spec}', {params} parameters, "

@@ -34,7 +34,41 @@ import torch.distributed as dist
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
 from .checkpoint import hook_state, stamped
-from .options import Spec, bind_spec
+from .options import Spec, aggregations, bind_spec
+
+
+def fold_optimizer_momentum(spec: Spec, optimizer) -> Spec:
+    """`spec` with the momentum of `optimizer` (a torch.optim.SGD) moved into the
+    aggregation: momentum correction (DGC, docs/spec.md "Momentum correction"), each
+    rank compressing its velocity with error feedback. The optimizer's momentum is then
+    set to 0 and its momentum buffers dropped, so momentum is applied once. Returns
+    `spec` unchanged, the optimizer untouched, when there is nothing to fold: another
+    optimizer (Adam's moments, RMSprop's momentum are not SGD's velocity), momentum 0, an
+    aggregation without the `momentum` key, or one without error feedback. Raises
+    ValueError for what cannot be folded: Nesterov momentum, dampening, param groups of
+    different momenta, or a spec that sets `momentum` itself (momentum applied twice)."""
+    if optimizer is None or not isinstance(optimizer, torch.optim.SGD):
+        return spec
+    momenta = sorted({float(group["momentum"]) for group in optimizer.param_groups})
+    if momenta == [0.0] or "momentum" not in aggregations()[spec.name]["keys"] or not spec.uses_error_feedback:
+        return spec
+    where = f"gradzip.hooks.State(optimizer=...): the optimizer's momentum cannot move into '{spec}'"
+    if "momentum" in spec.params:
+        raise ValueError(f"{where}: the spec's momentum={spec.params['momentum']} and the optimizer's "
+                         f"momentum={momenta[-1]} would apply momentum twice; set one of them")
+    if len(momenta) > 1:
+        raise ValueError(f"{where}: its param groups have momenta {momenta}; momentum correction keeps one velocity "
+                         "per tensor with one momentum")
+    if any(group.get("nesterov") for group in optimizer.param_groups):
+        raise ValueError(f"{where}: it is Nesterov momentum, and momentum correction folds plain momentum; "
+                         "use nesterov=False, or leave the optimizer out")
+    if any(group.get("dampening") for group in optimizer.param_groups):
+        raise ValueError(f"{where}: it has dampening, and momentum correction folds undampened momentum")
+    for group in optimizer.param_groups:
+        group["momentum"] = 0.0
+        for p in group["params"]:
+            optimizer.state.get(p, {}).pop("momentum_buffer", None)
+    return bind_spec(f"{spec},momentum={momenta[0]:g}" if spec.params else f"{spec}:momentum={momenta[0]:g}")
 
 
 class State:
@@ -52,10 +86,14 @@ class State:
     scaler: the torch.amp.GradScaler that scales the loss (default None: none). Its
         scale is read at each iteration's first bucket, and error feedback rescales its
         residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").
+    optimizer: the torch.optim.SGD that steps the model (default None). Its momentum
+        moves into the aggregation when the spec's codec takes `momentum` and the spec
+        sets none: momentum correction, the optimizer's momentum set to 0
+        (fold_optimizer_momentum). Give it before loading the optimizer's state_dict.
     """
 
-    def __init__(self, spec, process_group=None, start_iter: int = 1, model=None, scaler=None):
-        bound = bind_spec(spec)
+    def __init__(self, spec, process_group=None, start_iter: int = 1, model=None, scaler=None, optimizer=None):
+        bound = fold_optimizer_momentum(bind_spec(spec), optimizer)
         if bound.decentralized:
             raise ValueError(
                 f"gradzip.hooks: {bound.name!r} is decentralized gossip: each rank ends with a neighbour average, "
@@ -95,9 +133,13 @@ class State:
         state = hook_state(state)
         if bind_spec(state["spec"]) != self.spec:
             hint = ""
-            if "layers" in bind_spec(state["spec"]).params and "layers" not in self.spec.params:
+            saved = bind_spec(state["spec"]).params
+            if "layers" in saved and "layers" not in self.spec.params:
                 hint = (" (a checkpoint of gradzip's format 0 or 1 ran with layers=off, the default then: give "
                         "State that spec to resume it as it ran)")
+            elif "momentum" in saved and "momentum" not in self.spec.params:
+                hint = (" (its momentum came from the optimizer: give State the optimizer before loading the "
+                        "optimizer's state_dict, whose momentum is 0 once folded)")
             raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs "
                              f"{str(self.spec)!r}{hint}")
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]

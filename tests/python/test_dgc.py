@@ -112,6 +112,66 @@ def test_momentum_pieces_and_resume(spec):
         assert saved, "the velocity is not in the state"
 
 
+def hook_training(rank, world, spec, momentum, fold):
+    """Five SGD steps of a small DDP model under the gradzip hook on a Gloo group: the
+    optimizer's momentum given to State (fold) or not; the parameters and the hook's spec."""
+    import gradzip
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=1e-4)
+    state = gradzip.hooks.State(spec, model=model, optimizer=opt if fold else None)
+    model.register_comm_hook(state, gradzip.hooks.hook)
+    for step in range(5):
+        x = torch.randn(16, 40, generator=torch.Generator().manual_seed(100 * step + rank))
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], str(state.spec), opt.param_groups[0]["momentum"]
+
+
+@pytest.mark.parametrize("spec", ["stc:density=0.05", "sign:block=64"])
+def test_the_hook_folds_the_optimizers_momentum_into_momentum_correction(spec):
+    """State(optimizer=SGD(momentum=0.9)) runs as the spec with momentum=0.9 and an
+    optimizer without momentum, bit for bit; the optimizer's momentum is 0 after."""
+    folded = run_ranks(hook_training, 2, spec, 0.9, True)
+    by_hand = run_ranks(hook_training, 2, f"{spec},momentum=0.9", 0.0, False)
+    unfolded = run_ranks(hook_training, 2, spec, 0.9, False)
+    for rank in range(2):
+        (params, folded_spec, left), (expected, hand_spec, _), (other, _, kept) = \
+            folded[rank], by_hand[rank], unfolded[rank]
+        assert folded_spec == hand_spec == f"{spec},momentum=0.9" and left == 0.0 and kept == 0.9
+        assert all(torch.equal(a, b) for a, b in zip(params, expected))
+        assert not all(torch.equal(a, b) for a, b in zip(params, other))  # folding changed the training
+
+
+def test_what_cannot_be_folded_is_refused_and_what_needs_no_folding_is_left():
+    import gradzip
+    from gradzip.hooks import fold_optimizer_momentum
+    params = list(torch.nn.Linear(3, 2).parameters())
+    sgd = lambda **kw: torch.optim.SGD(params, lr=0.1, **kw)  # noqa: E731
+    for spec, opt, message in [
+            ("topk:density=0.01,momentum=0.9", sgd(momentum=0.9), "would apply momentum twice"),
+            ("topk:density=0.01", sgd(momentum=0.9, nesterov=True), "Nesterov"),
+            ("stc:density=0.01", sgd(momentum=0.9, dampening=0.1), "dampening"),
+            ("stc:density=0.01", torch.optim.SGD([{"params": params[:1], "momentum": 0.9},
+                                                  {"params": params[1:], "momentum": 0.5}], lr=0.1),
+             r"momenta \[0.5, 0.9\]")]:
+        with pytest.raises(ValueError, match=message):
+            gradzip.hooks.State(spec, optimizer=opt)
+    saved = gradzip.hooks.State("stc:density=0.01", optimizer=sgd(momentum=0.9)).state_dict()
+    with pytest.raises(ValueError, match="give State the optimizer before loading the optimizer's state_dict"):
+        gradzip.hooks.State("stc:density=0.01", optimizer=sgd(momentum=0.0)).load_state_dict(saved)
+    # Left as they are: no momentum key (qsgd, fp16), no error feedback, no momentum, not SGD.
+    for spec, opt in [("qsgd:bits=4", sgd(momentum=0.9)), ("fp16", sgd(momentum=0.9)),
+                      ("topk:density=0.01,ef=0", sgd(momentum=0.9)), ("stc:density=0.01", sgd()),
+                      ("stc:density=0.01", torch.optim.RMSprop(params, momentum=0.9))]:
+        assert str(fold_optimizer_momentum(gradzip.Spec(spec), opt)) == spec
+        assert opt.param_groups[0]["momentum"] == (0.9 if spec != "stc:density=0.01" or
+                                                   isinstance(opt, torch.optim.RMSprop) else 0)
+
+
 def test_momentum_needs_error_feedback():
     import gradzip
     with pytest.raises(gradzip.SpecError, match="needs ef=1"):
