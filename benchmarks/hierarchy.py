@@ -23,8 +23,11 @@ The cost model (node_egress_bytes, predict_seconds), its assumptions named:
 - the codec's time is its encode and decodes (one per payload the rank receives)
   measured here with every rank encoding and decoding at once, the slowest rank's: the
   ranks share the cores and the memory, as they do in the exchange (4 ranks on 2 cores
-  each get half a core); the node stages' memory passes go at the copy bandwidth a rank
-  gets while every rank copies;
+  each get half a core);
+- memory traffic outside the codec (memory_bytes) goes at the copy bandwidth a rank gets
+  while every rank copies: with error feedback the finiteness check reads x; the
+  hierarchical exchange's node stages write x (plus the residual, then cleared) as the
+  rank's row, sum its shard of the L rows and copy the result out;
 - nothing overlaps but two-phase's rounds: time = wire + codec.
 """
 import argparse
@@ -100,6 +103,21 @@ def exchange_seconds(plan, wire, encode, decode, ranks):
     return wire + encode + ranks * decode
 
 
+def memory_bytes(spec, numel, per_node, hierarchical):
+    """Bytes one rank reads and writes outside the codec in an all-reduce of n fp32: with
+    error feedback the finiteness check (x read); hierarchical, the node's shared-memory
+    stages: the row (x read, written; with error feedback the residual read and cleared),
+    the shard's sum of the L rows (one copied, L - 1 added), the result copied out."""
+    ef = gradzip.Spec(spec).uses_error_feedback
+    x = 4 * numel
+    check = x if ef else 0
+    if not hierarchical:
+        return check
+    row = 4 * x if ef else 2 * x
+    shard = (3 * per_node - 1) * x / per_node
+    return check + row + shard + 2 * x
+
+
 def predict_seconds(spec, numel, nodes, per_node, rate, codec, copy_bandwidth):
     """Seconds per all-reduce by method (the model above); codec(spec, n): (encode, one
     decode) seconds; copy_bandwidth: a rank's bytes read and written per second."""
@@ -110,10 +128,8 @@ def predict_seconds(spec, numel, nodes, per_node, rate, codec, copy_bandwidth):
                             *codec(spec, numel), ranks)
     lane = exchange_seconds(gradzip.exchange_plan(spec, shard, nodes), 8 * egress["hierarchical"] / rate,
                             *codec(spec, shard), nodes)
-    # Inside the node (shared memory): x (and the residual) read and its row written, the
-    # shard's rows read, the result read and the sum written: about 6 passes of 4n bytes.
-    inside = 6 * 4 * numel / copy_bandwidth
-    return {"gloo": 8 * egress["gloo"] / rate, "flat": flat, "hierarchical": inside + lane}
+    memory = {h: memory_bytes(spec, numel, per_node, h) / copy_bandwidth for h in (False, True)}
+    return {"gloo": 8 * egress["gloo"] / rate, "flat": memory[False] + flat, "hierarchical": memory[True] + lane}
 
 
 def codec_seconds_together(sizes, group):
@@ -225,6 +241,8 @@ def run(args):
             if rate and not scatter:  # the model is the all-reduce's
                 row["predicted_seconds"] = predict_seconds(row["spec"], row["numel"], nodes, per_node, rate,
                                                            lambda spec, n: codec_times[spec, n], together)
+                row["codec_seconds"] = {n: codec_times[row["spec"], n]
+                                        for n in (row["numel"], -(-row["numel"] // per_node))}
             print(f"{row['spec']:22s} {row['numel']:10d} {s['gloo']:8.3f} {s['flat']:8.3f} {s['hierarchical']:8.3f} "
                   f"{s['flat'] / s['hierarchical']:9.2f} {s['gloo'] / s['hierarchical']:7.2f} "
                   f"{link.get('flat', float('nan')) / 1e6:12.2f} {link.get('hierarchical', float('nan')) / 1e6:12.2f} "
