@@ -64,11 +64,12 @@ def fold_optimizer_momentum(spec: Spec, optimizer) -> Spec:
                          "use nesterov=False, or leave the optimizer out")
     if any(group.get("dampening") for group in optimizer.param_groups):
         raise ValueError(f"{where}: it has dampening, and momentum correction folds undampened momentum")
+    folded = bind_spec(f"{spec},momentum={momenta[0]!r}" if spec.params else f"{spec}:momentum={momenta[0]!r}")
     for group in optimizer.param_groups:
         group["momentum"] = 0.0
         for p in group["params"]:
             optimizer.state.get(p, {}).pop("momentum_buffer", None)
-    return bind_spec(f"{spec},momentum={momenta[0]:g}" if spec.params else f"{spec}:momentum={momenta[0]:g}")
+    return folded
 
 
 class State:
@@ -93,7 +94,7 @@ class State:
     """
 
     def __init__(self, spec, process_group=None, start_iter: int = 1, model=None, scaler=None, optimizer=None):
-        bound = fold_optimizer_momentum(bind_spec(spec), optimizer)
+        bound = bind_spec(spec)
         if bound.decentralized:
             raise ValueError(
                 f"gradzip.hooks: {bound.name!r} is decentralized gossip: each rank ends with a neighbour average, "
@@ -101,6 +102,7 @@ class State:
                 f"gradzip.Aggregation({str(bound)!r})(model) after each optimizer step instead.")
         if start_iter < 1:
             raise ValueError("gradzip.hooks.State: start_iter must be >= 1 (DDP rebuilds buckets after iteration 1)")
+        bound = fold_optimizer_momentum(bound, optimizer)
         self.spec: Spec = bound
         self.process_group = process_group
         self.start_iter = start_iter
