@@ -266,15 +266,16 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   // A rank whose x holds Inf or NaN sends no q: no holder changes its copy of that rank.
   const at::Tensor x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();
   const bool finite = at::isfinite(x).all().item<bool>();
-  at::Tensor slot = at::empty({finite ? codec->slot_bytes(n) : 0}, at::dtype(at::kByte).device(device));
-  int64_t payload_bytes = 0;
+  at::Tensor slot;
+  at::Tensor bytes = at::empty({0}, at::dtype(at::kByte).device(tensor.device()));  // none when not finite
   if (finite) {
+    slot = at::empty({codec->slot_bytes(n)}, at::dtype(at::kByte).device(device));
     codec->encode(x - mine, at::Tensor(), EncodeContext{seed_for_key(seed_, key), step, static_cast<uint32_t>(rank)},
                   slot);
-    payload_bytes = slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).item<int64_t>();
+    const int64_t size = slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).item<int64_t>();
+    bytes = slot.narrow(0, kSlotHeaderBytes, size).to(tensor.device());
   }
-  const at::Tensor bytes =
-      slot.narrow(0, std::min<int64_t>(kSlotHeaderBytes, slot.numel()), payload_bytes).to(tensor.device());
+  const int64_t payload_bytes = bytes.numel();
   const auto header = message_header(payload_bytes, finite, tensor, step);
   const auto max_bytes = static_cast<int64_t>(codec_->max_payload_bytes(n));
   const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
