@@ -8,9 +8,10 @@ Every method is its own process group over the same ranks: "gloo" (dense, Gloo's
 all-reduce) and a gradzip group per spec ("allreduce" is gradzip's exact path, with the
 collective check that is on by default; "allreduce unchecked" the same with
 validate=False: their ratio is the check's cost; --unchecked adds "SPEC unchecked" for
-every spec). For each
-size the calls go round the methods in turn, so drift in the machine's load hits all
-alike. A call's time is the slowest rank's, after a barrier; the table gives the median
+every spec; --control adds "gloo control", a second Gloo group timed like the first: the
+gap between two identical groups is the run's noise). For each size the calls go round
+the methods in turn, each round starting one method further on, so drift in the
+machine's load hits all alike and no method always follows the same one. A call's time is the slowest rank's, after a barrier; the table gives the median
 over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
 2(P-1)/P x 4n bytes of a ring all-reduce), the exchange gradzip chose (auto: the fewest
 wire bytes) and the speedup over Gloo. With --transports gloo,mpi (under mpirun), "mpi" is
@@ -46,7 +47,9 @@ SPECS = ["allreduce", "fp16", "topk:density=0.01", "topk:density=0.01,values=fp1
 DEFAULT_NUMEL = 25_000_000  # fp32 gradient of ResNet-50
 UNCHECKED = "allreduce unchecked"
 MPI_DENSE = "mpi"
-DENSE = ("gloo", "allreduce", UNCHECKED, MPI_DENSE)
+CONTROL = "gloo control"
+GLOO = ("gloo", CONTROL, MPI_DENSE)  # not gradzip groups
+DENSE = GLOO + ("allreduce", UNCHECKED)
 
 
 def time_call(fn, group):
@@ -118,6 +121,8 @@ def main():
                         help="gloo, or gloo,mpi to run every method over the MPI transport too (under mpirun)")
     parser.add_argument("--unchecked", action="store_true",
                         help="every spec also on a group without the collective check (validate=False)")
+    parser.add_argument("--control", action="store_true",
+                        help="a second Gloo group timed like the first (the run's noise)")
     parser.add_argument("--quick", action="store_true", help="1M elements, 1 repetition (seconds)")
     parser.add_argument("--json", default="benchmarks/results/collectives.json")
     parser.add_argument("--link-rate", type=link_rate_bits, default=None,
@@ -131,6 +136,8 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     specs = [s for s in args.specs.split(";") if s]
     groups = {"gloo": dist.new_group(backend="gloo")}
+    if args.control:
+        groups[CONTROL] = dist.new_group(backend="gloo")
     for spec in specs:
         groups[spec] = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec,
                                                                                       transport="gloo"))
@@ -156,9 +163,11 @@ def main():
         gradient = torch.randn(numel, generator=torch.Generator().manual_seed(rank))
         samples = {name: [] for name in groups}
         sent = {}
+        names = list(groups)
         for rep in range(args.repetitions + 1):  # the first round warms up connections and caches
-            for name, group in groups.items():
-                if name not in ("gloo", MPI_DENSE):
+            for name in names[rep % len(names):] + names[:rep % len(names)]:
+                group = groups[name]
+                if name not in GLOO:
                     gradzip.reset_stats(group)
                 tensor = gradient.clone()
                 elapsed = time_call(lambda: dist.all_reduce(tensor, op=dist.ReduceOp.AVG, group=group), group)
@@ -166,7 +175,7 @@ def main():
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=groups["gloo"])
                 if rep > 0:
                     samples[name].append(slowest.item())
-                sent[name] = (2 * (world - 1) * numel * 4 // world if name in ("gloo", MPI_DENSE)
+                sent[name] = (2 * (world - 1) * numel * 4 // world if name in GLOO
                               else gradzip.stats(group)["bytes_sent"])
         medians = {name: statistics.median(s) for name, s in samples.items()}
         for name in groups:
