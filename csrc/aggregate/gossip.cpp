@@ -21,16 +21,18 @@
 namespace gradzip {
 namespace {
 
-constexpr int64_t kHeaderBytes = 5 * sizeof(int64_t);
+constexpr int64_t kHeaderBytes = kPeerHeaderFields * sizeof(int64_t);
 
 bool averaged(const at::Tensor& tensor, const c10d::AllreduceOptions& opts) {
   const auto op = opts.reduceOp.op_;
   return tensor.is_floating_point() && (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
 }
 
-// The header every gossip message carries (aggregate/peer_header.h).
-PeerHeader message_header(int64_t bytes, bool finite, const at::Tensor& tensor, uint64_t step) {
-  return {bytes, finite, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(), static_cast<int64_t>(step)};
+// The header every gossip message carries (aggregate/peer_header.h); `accepts`: the most
+// bytes this rank takes from a peer.
+PeerHeader message_header(int64_t bytes, bool finite, const at::Tensor& tensor, uint64_t step, int64_t accepts) {
+  return {bytes, finite, static_cast<int64_t>(tensor.scalar_type()), tensor.numel(), static_cast<int64_t>(step),
+          accepts};
 }
 
 std::string describe(const PeerHeader& h) {
@@ -41,9 +43,11 @@ std::string describe(const PeerHeader& h) {
 }
 
 // Checks a peer's header before its message is received: well formed, for the same
-// tensor and step as mine, announcing at most max_bytes.
-PeerHeaderCheck header_check(const PeerHeader& mine, int64_t max_bytes, int rank, const std::string& key) {
-  return [mine, max_bytes, rank, &key](int peer, const std::vector<int64_t>& fields) {
+// tensor and step as mine, and each message within what its receiver accepts. Both ends
+// of a pair judge both messages from the same two headers, so they refuse together
+// (exchange_with_peers then moves no bytes between them) and each names the cause.
+PeerHeaderCheck header_check(const PeerHeader& mine, int rank, const std::string& key) {
+  return [mine, rank, &key](int peer, const std::vector<int64_t>& fields) {
     PeerHeader theirs;
     try {
       theirs = parse_peer_header(fields.data(), fields.size());
@@ -54,8 +58,12 @@ PeerHeaderCheck header_check(const PeerHeader& mine, int64_t max_bytes, int rank
     TORCH_CHECK(theirs.agrees_with(mine), "gradzip: gossip between ranks ", rank, " and ", peer,
                 " for the tensor keyed '", key, "' does not match: rank ", rank, " has ", describe(mine), ", rank ",
                 peer, " has ", describe(theirs), " (every rank must gossip the same tensors in the same order)");
-    TORCH_CHECK(theirs.bytes <= max_bytes, "gradzip: rank ", peer, " announced a message of ", theirs.bytes,
-                " bytes for the tensor keyed '", key, "', where at most ", max_bytes, " can be meant");
+    TORCH_CHECK(theirs.bytes <= mine.accepts, "gradzip: rank ", peer, " announced a message of ", theirs.bytes,
+                " bytes for the tensor keyed '", key, "', where rank ", rank, " accepts at most ", mine.accepts,
+                " (every rank must gossip with the same spec)");
+    TORCH_CHECK(mine.bytes <= theirs.accepts, "gradzip: rank ", rank, "'s message of ", mine.bytes,
+                " bytes for the tensor keyed '", key, "' is more than rank ", peer, " accepts (", theirs.accepts,
+                "); rank ", peer, " refuses it (every rank must gossip with the same spec)");
   };
 }
 
@@ -194,9 +202,9 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   const auto& neighbours = topology.neighbours(rank, step);
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
-  const auto header = message_header(bytes.numel(), true, tensor, step);
+  const auto header = message_header(bytes.numel(), true, tensor, step, bytes.numel());
   const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
-                                            header_check(header, bytes.numel(), rank, key));
+                                            header_check(header, rank, key));
 
   // Sum the weighted terms in ascending rank order, this rank's own among them.
   const auto accumulate = tensor.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
@@ -276,10 +284,10 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
     bytes = slot.narrow(0, kSlotHeaderBytes, size).to(tensor.device());
   }
   const int64_t payload_bytes = bytes.numel();
-  const auto header = message_header(payload_bytes, finite, tensor, step);
-  const auto max_bytes = static_cast<int64_t>(codec_->max_payload_bytes(n));
+  const auto header =
+      message_header(payload_bytes, finite, tensor, step, static_cast<int64_t>(codec_->max_payload_bytes(n)));
   const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
-                                            header_check(header, max_bytes, rank, key));
+                                            header_check(header, rank, key));
 
   bool all_sent = finite;
   if (finite) codec->decode_add(slot, slot.numel(), 1, mine);

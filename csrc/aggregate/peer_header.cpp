@@ -4,7 +4,7 @@
 
 namespace gradzip {
 
-std::vector<int64_t> PeerHeader::fields() const { return {bytes, finite ? 1 : 0, dtype, numel, step}; }
+std::vector<int64_t> PeerHeader::fields() const { return {bytes, finite ? 1 : 0, dtype, numel, step, accepts}; }
 
 bool PeerHeader::agrees_with(const PeerHeader& other) const {
   return dtype == other.dtype && numel == other.numel && step == other.step;
@@ -24,7 +24,10 @@ PeerHeader parse_peer_header(const int64_t* fields, size_t count) {
   h.dtype = fields[2];
   h.numel = fields[3];
   h.step = fields[4];
-  if (h.dtype < 0 || h.numel < 0 || h.step < 0) fail("a negative dtype, element count or step");
+  h.accepts = fields[5];
+  if (h.dtype < 0 || h.numel < 0 || h.step < 0 || h.accepts < 0) {
+    fail("a negative dtype, element count, step or accepted size");
+  }
   return h;
 }
 

@@ -18,23 +18,25 @@ void expect_refused(std::vector<int64_t> fields, const std::string& why) {
 }
 
 TEST(PeerHeaderTest, FieldsRoundTripAndAgreement) {
-  const PeerHeader h{4000, true, 6, 1000, 3};
+  const PeerHeader h{4000, true, 6, 1000, 3, 5000};
   const auto fields = h.fields();
   const PeerHeader back = parse_peer_header(fields.data(), fields.size());
   EXPECT_EQ(back.fields(), fields);
   EXPECT_TRUE(back.agrees_with(h));
-  EXPECT_FALSE(back.agrees_with(PeerHeader{4000, true, 6, 1001, 3}));
-  EXPECT_FALSE(back.agrees_with(PeerHeader{4000, true, 6, 1000, 4}));
-  EXPECT_TRUE(back.agrees_with(PeerHeader{0, false, 6, 1000, 3}));  // finiteness is not agreed on
+  EXPECT_FALSE(back.agrees_with(PeerHeader{4000, true, 6, 1001, 3, 5000}));
+  EXPECT_FALSE(back.agrees_with(PeerHeader{4000, true, 6, 1000, 4, 5000}));
+  EXPECT_TRUE(back.agrees_with(PeerHeader{0, false, 6, 1000, 3, 5000}));  // finiteness is not agreed on
+  EXPECT_TRUE(back.agrees_with(PeerHeader{4000, true, 6, 1000, 3, 9}));   // nor the sizes each accepts
 }
 
 TEST(PeerHeaderTest, MalformedHeadersAreRefusedByName) {
-  expect_refused({1, 1, 6, 10}, "4 fields, not 5");
-  expect_refused({-1, 1, 6, 10, 0}, "a message of -1 bytes");
-  expect_refused({8, 2, 6, 10, 0}, "finite flag 2");
-  expect_refused({8, 0, 6, 10, 0}, "a non-finite message with 8 bytes");
-  expect_refused({8, 1, -6, 10, 0}, "negative");
-  expect_refused({8, 1, 6, 10, -1}, "negative");
+  expect_refused({1, 1, 6, 10, 0}, "5 fields, not 6");
+  expect_refused({-1, 1, 6, 10, 0, 8}, "a message of -1 bytes");
+  expect_refused({8, 2, 6, 10, 0, 8}, "finite flag 2");
+  expect_refused({8, 0, 6, 10, 0, 8}, "a non-finite message with 8 bytes");
+  expect_refused({8, 1, -6, 10, 0, 8}, "negative");
+  expect_refused({8, 1, 6, 10, -1, 8}, "negative");
+  expect_refused({8, 1, 6, 10, 0, -8}, "negative");
 }
 
 }  // namespace

@@ -65,10 +65,10 @@ def main():
 
 
 def peer_headers():
-    """gossip/choco headers (csrc/aggregate/peer_header.h): bytes, finite, dtype, numel, step."""
+    """gossip/choco headers (csrc/aggregate/peer_header.h): bytes, finite, dtype, numel, step, accepts."""
     folder = pathlib.Path(__file__).parent / "corpus" / "peer_header"
     folder.mkdir(parents=True, exist_ok=True)
-    for fields in ([4000, 1, 6, 1000, 0], [0, 0, 6, 1000, 7], [129, 1, 15, 300, 2], [8, 1, 6, 2]):
+    for fields in ([4000, 1, 6, 1000, 0, 4000], [0, 0, 6, 1000, 7, 600], [129, 1, 15, 300, 2, 129], [8, 1, 6, 2]):
         data = struct.pack(f"<{len(fields)}q", *fields)
         (folder / hashlib.sha1(data).hexdigest()[:16]).write_bytes(data)
 

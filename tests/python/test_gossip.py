@@ -239,3 +239,28 @@ def test_a_payload_the_codec_cannot_decode_is_an_error_naming_its_rank():
         assert out[rank] == (f"gradzip: the choco payload of rank {1 - rank} for the tensor keyed 'tensor' cannot be "
                              f"decoded: gradzip: invalid {codec} payload: a {other} payload given to the {codec} "
                              "decoder"), out[rank]
+
+
+def oversized_message(rank, world):
+    """Rank 0 runs choco with top-k at 10%, rank 1 at 1%: rank 0's message is larger than
+    anything rank 1 accepts."""
+    dist.init_process_group("gloo")
+    spec = f"choco:topology=ring,compress=topk,density={0.1 if rank == 0 else 0.01},gamma=0.5"
+    try:
+        gradzip.Aggregation(spec)(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
+    except RuntimeError as e:
+        return str(e)
+    return None
+
+
+def test_a_message_too_large_for_its_receiver_is_refused_by_both_ends_naming_the_sizes():
+    # Both ranks judge both messages from the two headers, so the sender raises too, in
+    # gradzip's words, instead of waiting for bytes its peer will not send.
+    out = run_ranks(oversized_message, 2, timeout=120)
+    accepts = gradzip.codec.max_payload_bytes("topk:density=0.01", 4096)
+    assert out[0].startswith("gradzip: rank 0's message of "), out[0]
+    assert out[0].endswith(f"bytes for the tensor keyed 'tensor' is more than rank 1 accepts ({accepts}); rank 1 "
+                           "refuses it (every rank must gossip with the same spec)"), out[0]
+    assert out[1].startswith("gradzip: rank 0 announced a message of "), out[1]
+    assert out[1].endswith(f"bytes for the tensor keyed 'tensor', where rank 1 accepts at most {accepts} "
+                           "(every rank must gossip with the same spec)"), out[1]
