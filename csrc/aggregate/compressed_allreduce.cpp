@@ -98,15 +98,51 @@ at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momen
   TORCH_CHECK(state.velocity.numel() == n, "gradzip: the velocity of the tensor keyed '", key, "' has ",
               state.velocity.numel(), " elements, the tensor ", n);
   if (state.velocity.device() != call.x.device()) state.velocity = state.velocity.to(call.x.device());
-  used_on_current_stream(state.velocity).mul_(momentum).add_(call.x);
+  if (!state.velocity.is_cpu()) {
+    used_on_current_stream(state.velocity).mul_(momentum).add_(call.x);
+    call.x = state.velocity;
+    return masking ? call.worker_residual + state.velocity : at::Tensor();
+  }
+  // On the host in one pass, rounded as mul_ then add_ round (no FMA: the build targets
+  // x86-64 without it), into a buffer kept from call to call: a fresh one costs a page
+  // fault per 4 KB (glibc maps blocks over 32 MB anew), as much as the pass itself.
+  if (!state.velocity.is_contiguous()) state.velocity = state.velocity.contiguous();  // as loaded
+  TORCH_INTERNAL_ASSERT(call.x.is_contiguous() && call.x.scalar_type() == at::kFloat &&
+                        state.velocity.scalar_type() == at::kFloat &&
+                        (!masking || (call.worker_residual.is_contiguous() && call.worker_residual.numel() == n)));
+  thread_local at::Tensor kept;
+  if (masking && (!kept.defined() || kept.numel() < n)) kept = at::empty({n}, call.x.options());
+  float* u = state.velocity.data_ptr<float>();
+  const float* x = call.x.data_ptr<float>();
+  const float m = static_cast<float>(momentum);
+  if (masking) {
+    const float* residual = call.worker_residual.data_ptr<float>();
+    float* unsent = kept.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      u[i] = u[i] * m + x[i];
+      unsent[i] = residual[i] + u[i];
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) u[i] = u[i] * m + x[i];
+  }
   call.x = state.velocity;
-  return masking ? call.worker_residual + state.velocity : at::Tensor();
+  return masking ? kept.narrow(0, 0, n) : at::Tensor();
 }
 
 // Factor masking, after the encode: u is zeroed where the residual no longer holds
-// residual + u, i.e. where the encode sent something.
+// residual + u, i.e. where the encode sent something. On the host in one pass that
+// writes only those elements (no n-byte mask).
 void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent) {
-  state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
+  if (!state.velocity.is_cpu()) {
+    state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
+    return;
+  }
+  float* u = state.velocity.data_ptr<float>();
+  const float* residual = call.worker_residual.data_ptr<float>();
+  const float* kept = unsent.data_ptr<float>();
+  for (int64_t i = 0, n = unsent.numel(); i < n; ++i) {
+    if (residual[i] != kept[i]) u[i] = 0.0f;
+  }
 }
 
 // The spec's `layers`, auto resolved: adapt for the codecs with levels (top-k, random-k,
