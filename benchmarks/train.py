@@ -15,10 +15,13 @@ shards, for the same epochs, one after the other in one launch:
   torch-fp16        DDP with PyTorch's fp16_compress_hook
   torch-powersgd-R  DDP with PyTorch's powerSGD_hook, rank R (error feedback, warm start,
                     compressing from iteration 2)
-  <gradzip spec>    DDP with gradzip.hooks (e.g. stc:density=0.01); or, for gossip and
-                    choco specs, no DDP: gradzip.Aggregation(spec)(model) after each step,
-                    and the accuracy is that of the ranks' averaged model
+  <gradzip spec>    DDP with gradzip.hooks (e.g. stc:density=0.01), given the model and
+                    the optimizer as a user would (SGD's momentum folds into momentum
+                    correction where the codec takes it); or, for gossip and choco specs,
+                    no DDP: gradzip.Aggregation(spec)(model) after each step, and the
+                    accuracy is that of the ranks' averaged model
   backend:<spec>    DDP over a gradzip process group whose all_reduce is <spec> (no hook)
+  METHOD@LR         any of these at its own learning rate (default: --lr)
 Per epoch: test accuracy, training wall time (evaluation excluded), and bytes sent per
 rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
 gradzip group). Before the methods, the compute-only step time (forward, backward and
@@ -85,8 +88,11 @@ MODELS = {"cnn": SmallCNN, "mlp": WideMLP}
 class Method:
     """One way to train: wraps the model and counts the bytes it sends."""
 
-    def __init__(self, name, group):
+    def __init__(self, name, group, lr):
         self.name = name
+        self.kind = name.partition("@")[0]
+        self.lr = Method.lr_of(name, lr)
+        name = self.kind
         self.group = group
         self.gossip = None
         self.hook_spec = None  # the DDP hook's spec; its State is made in wrap(), with the model
@@ -99,21 +105,33 @@ class Method:
         elif name not in ("none", "torch-fp16") and not name.startswith(("torch-powersgd-", "backend:")):
             self.hook_spec = gradzip.Spec(name)
 
+    @staticmethod
+    def lr_of(name, lr):
+        """The learning rate of "METHOD@LR" (the method at its own), else lr."""
+        own = name.partition("@")[2]
+        return float(own) if own else lr
+
     def wrap(self, model):
+        """The model to train and its SGD, the comm hook registered."""
         if self.gossip is not None:
-            return model
+            return model, torch.optim.SGD(model.parameters(), lr=self.lr, momentum=0.9)
         ddp = DDP(model, process_group=self.group)
-        if self.name == "torch-fp16":
+        opt = torch.optim.SGD(ddp.parameters(), lr=self.lr, momentum=self.momentum())
+        kind = self.kind
+        if kind == "torch-fp16":
             ddp.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
-        elif self.name.startswith("torch-powersgd-"):
+        elif kind.startswith("torch-powersgd-"):
             state = powerSGD_hook.PowerSGDState(process_group=self.group,
-                                                matrix_approximation_rank=int(self.name.rsplit("-", 1)[1]),
+                                                matrix_approximation_rank=int(kind.rsplit("-", 1)[1]),
                                                 start_powerSGD_iter=2, use_error_feedback=True, warm_start=True)
             ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
         elif self.hook_spec is not None:
-            self.hook_state = gradzip.hooks.State(self.hook_spec, process_group=self.group, model=ddp)
+            # As a user would: the optimizer given, its momentum folds into momentum
+            # correction where the codec takes it (gradzip.hooks.fold_optimizer_momentum).
+            self.hook_state = gradzip.hooks.State(self.hook_spec, process_group=self.group, model=ddp,
+                                                  optimizer=opt)
             ddp.register_comm_hook(self.hook_state, gradzip.hooks.hook)
-        return ddp
+        return ddp, opt
 
     def after_step(self, model):
         if self.gossip is not None:
@@ -121,8 +139,9 @@ class Method:
 
     def momentum(self):
         """SGD's momentum: none where the spec moves it into the aggregation."""
-        spec = self.name.split(":", 1)[1] if self.name.startswith("backend:") else self.name
-        if self.name in ("none", "torch-fp16") or self.name.startswith("torch-powersgd-") or self.gossip is not None:
+        kind = self.kind
+        spec = kind.split(":", 1)[1] if kind.startswith("backend:") else kind
+        if kind in ("none", "torch-fp16") or kind.startswith("torch-powersgd-") or self.gossip is not None:
             return 0.9
         return 0.0 if "momentum" in gradzip.Spec(spec).params else 0.9
 
@@ -172,10 +191,9 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
     epochs that takes."""
     train_x, train_y, test_x, test_y = data
     torch.manual_seed(args.seed)
-    method = Method(name, group)
+    method = Method(name, group, args.lr)
     base = MODELS[args.model]()
-    model = method.wrap(base)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=method.momentum())
+    model, opt = method.wrap(base)
     epochs, elapsed, steps_done = [], 0.0, 0
     epoch = 0
     while epoch < args.epochs or target is not None:
@@ -293,8 +311,9 @@ def main():
                 print(f"  target: {name}'s final accuracy less {below_first:g}: {target:.2%}", flush=True)
 
     if rank == 0:
-        dense = results.get("none", [{}])[-1].get("bytes_sent")
-        none_to_target = time_to(results["none"], target) if "none" in results and target else None
+        first = results[methods[0]]  # the reference: dense, where the run starts with it
+        dense = first[-1]["bytes_sent"] if methods[0].partition("@")[0] == "none" else None
+        none_to_target = time_to(first, target) if target else None
         header = (f"{'method':<40} | {'accuracy':>8} | {'time':>8} | {'step':>8} | {'step/compute':>12} | "
                   f"{'to target':>9} | {'speedup':>7} | {'sent per rank':>13} | {'fewer bytes':>11}")
         print(f"\nlast epoch of each method; {args.model}; compute-only step {compute * 1e3:.1f} ms; "
@@ -314,6 +333,7 @@ def main():
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": target,
                 "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                "lrs": {name: Method.lr_of(name, args.lr) for name in results},
                 "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
                 "cores": os.cpu_count(), "torch": torch.__version__}
         out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
