@@ -149,11 +149,14 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>
   const auto& transport = transport_for(tensors, "all_reduce");
   auto call = CollectiveCall::of("all_reduce", tensors);
   call.reduce_op = opts.reduceOp.op_;
-  if (exact_only_ && tensors.front().is_cpu()) {
-    // The exact aggregation keeps no state and has nothing to overlap: the call goes to
-    // the transport from the caller's thread, as broadcast's does, once checked. Through
-    // the worker it would wait for two thread handoffs, which cost as much as a
-    // shared-memory check does not (4 ranks on 2 cores: about 1 ms a call).
+  if (exact_only_ && tensors.front().is_cpu() && !opts.asyncOp) {
+    // A synchronous exact call keeps no state and has nothing to overlap: it goes to the
+    // transport from the caller's thread, as broadcast's does, once checked. Through the
+    // worker it would wait for two thread handoffs, which cost as much as a shared-memory
+    // check does not (4 ranks on 2 cores: about 1 ms a call). An asynchronous call must
+    // not wait for the other ranks in the check: PowerSGD's hook issues them from future
+    // callbacks on Gloo's own threads, and a check there held those threads until a
+    // rank's next call could not run (a deadlock); it goes through the worker.
     verify(call);
     return aggregation_->allreduce(tensors, opts, transport, stats_, std::string(), std::nullopt);
   }

@@ -164,27 +164,32 @@ def test_the_hook_with_unused_parameters():
     assert torch.equal(outs[0], outs[1])
 
 
-def powersgd_over_gradzip(rank, world):
+def powersgd_over_gradzip(rank, world, bucket_cap_mb):
     """PyTorch's PowerSGD hook waits for a second all-reduce inside a future's callback,
-    which runs on gradzip's worker thread: that must not deadlock."""
+    which runs on gradzip's worker thread or Gloo's: that must not deadlock, with one
+    bucket or with several whose callbacks overlap."""
     import gradzip
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
-    ddp = DDP(model)
-    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 128), torch.nn.ReLU(), torch.nn.Linear(128, 128), torch.nn.ReLU(),
+                                torch.nn.Linear(128, 10))
+    ddp = DDP(model, bucket_cap_mb=bucket_cap_mb)
+    state = powerSGD_hook.PowerSGDState(process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2,
+                                        orthogonalization_epsilon=1e-8)
     ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    for step in range(4):
+    for step in range(6):
         opt.zero_grad()
-        ddp(torch.randn(8, 32, generator=torch.Generator().manual_seed(step + 10 * rank))).sum().backward()
+        ddp(torch.randn(8, 32, generator=torch.Generator().manual_seed(step + 10 * rank))).mean().backward()
         opt.step()
     return torch.cat([p.detach().view(-1) for p in model.parameters()])
 
 
-def test_powersgd_runs_over_the_gradzip_backend():
-    outs = run_ranks(powersgd_over_gradzip, 2, timeout=120)
+@pytest.mark.parametrize("bucket_cap_mb", [25, 0.02])
+def test_powersgd_runs_over_the_gradzip_backend(bucket_cap_mb):
+    outs = run_ranks(powersgd_over_gradzip, 2, bucket_cap_mb, timeout=120)
+    assert torch.isfinite(outs[0]).all()
     assert torch.equal(outs[0], outs[1])
 
 
