@@ -221,42 +221,32 @@ def test_unsupported_graphs_and_specs_are_clear_errors():
     assert [r for r, _ in t.neighbours(0)] == [1, 2]
 
 
-def foreign_payload(rank, world):
-    """Rank 0 runs choco with fp16, rank 1 with bf16 (payloads of one size): each receives
-    a payload its codec did not write."""
+def choco_with_its_own_spec(rank, world, specs):
+    """Each rank runs choco with its own spec, specs[rank]; returns the error it raised."""
     dist.init_process_group("gloo")
-    spec = f"choco:topology=ring,compress={'fp16' if rank == 0 else 'bf16'},gamma=0.5"
     try:
-        gradzip.Aggregation(spec)(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
+        gradzip.Aggregation(specs[rank])(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
     except RuntimeError as e:
         return str(e)
     return None
 
 
 def test_a_payload_the_codec_cannot_decode_is_an_error_naming_its_rank():
-    out = run_ranks(foreign_payload, 2, timeout=120)
+    # fp16 against bf16: payloads of one size, each decoded by a codec that did not write it.
+    out = run_ranks(choco_with_its_own_spec, 2, [f"choco:topology=ring,compress={codec},gamma=0.5"
+                                                 for codec in ("fp16", "bf16")], timeout=120)
     for rank, (codec, other) in enumerate([("fp16", "bf16"), ("bf16", "fp16")]):
         assert out[rank] == (f"gradzip: the choco payload of rank {1 - rank} for the tensor keyed 'tensor' cannot be "
                              f"decoded: gradzip: invalid {codec} payload: a {other} payload given to the {codec} "
                              "decoder"), out[rank]
 
 
-def oversized_message(rank, world):
-    """Rank 0 runs choco with top-k at 10%, rank 1 at 1%: rank 0's message is larger than
-    anything rank 1 accepts."""
-    dist.init_process_group("gloo")
-    spec = f"choco:topology=ring,compress=topk,density={0.1 if rank == 0 else 0.01},gamma=0.5"
-    try:
-        gradzip.Aggregation(spec)(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
-    except RuntimeError as e:
-        return str(e)
-    return None
-
-
 def test_a_message_too_large_for_its_receiver_is_refused_by_both_ends_naming_the_sizes():
-    # Both ranks judge both messages from the two headers, so the sender raises too, in
-    # gradzip's words, instead of waiting for bytes its peer will not send.
-    out = run_ranks(oversized_message, 2, timeout=120)
+    # Top-k at 10% against 1%: rank 0's message is larger than anything rank 1 accepts. Both
+    # ranks judge both messages from the two headers, so the sender raises too, in gradzip's
+    # words, instead of waiting for bytes its peer will not send.
+    out = run_ranks(choco_with_its_own_spec, 2, [f"choco:topology=ring,compress=topk,density={density},gamma=0.5"
+                                                 for density in (0.1, 0.01)], timeout=120)
     accepts = gradzip.codec.max_payload_bytes("topk:density=0.01", 4096)
     assert out[0].startswith("gradzip: rank 0's message of "), out[0]
     assert out[0].endswith(f"bytes for the tensor keyed 'tensor' is more than rank 1 accepts ({accepts}); rank 1 "
