@@ -92,7 +92,7 @@ class Method:
         self.name = name
         self.kind = name.partition("@")[0]
         self.lr = Method.lr_of(name, lr)
-        name = self.kind
+        name = self.kind  # what follows reads the method, not its learning rate
         self.group = group
         self.gossip = None
         self.hook_spec = None  # the DDP hook's spec; its State is made in wrap(), with the model
@@ -113,10 +113,10 @@ class Method:
 
     def wrap(self, model):
         """The model to train and its SGD, the comm hook registered."""
+        opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum())
         if self.gossip is not None:
-            return model, torch.optim.SGD(model.parameters(), lr=self.lr, momentum=0.9)
+            return model, opt
         ddp = DDP(model, process_group=self.group)
-        opt = torch.optim.SGD(ddp.parameters(), lr=self.lr, momentum=self.momentum())
         kind = self.kind
         if kind == "torch-fp16":
             ddp.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
