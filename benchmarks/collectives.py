@@ -12,9 +12,10 @@ every spec; --control adds "gloo control", a second Gloo group timed like the fi
 gap between two identical groups is the run's noise). For each size the calls go round
 the methods in turn, each round starting one method further on, so drift in the
 machine's load hits all alike and no method always follows the same one. A call's time
-is the slowest rank's, after a barrier; the table gives the median over the repetitions, the bytes each rank sent per call (gradzip.stats(); for Gloo, the
-2(P-1)/P x 4n bytes of a ring all-reduce), the exchange gradzip chose (auto: the fewest
-wire bytes) and the speedup over Gloo. With --transports gloo,mpi (under mpirun), "mpi" is
+is the slowest rank's, after a barrier; the table gives the median over the repetitions,
+the bytes each rank sent per call (gradzip.stats(); for Gloo, the 2(P-1)/P x 4n bytes of
+a ring all-reduce), the exchange gradzip chose (auto: the fewest wire bytes) and the
+speedup over Gloo. With --transports gloo,mpi (under mpirun), "mpi" is
 the MPI transport's own exact all-reduce (gradzip.mpi, unchecked) and every spec also
 runs over MPI ("SPEC @mpi").
 
