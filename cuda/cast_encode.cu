@@ -74,7 +74,7 @@ namespace gradzip {
 namespace {
 
 template <CodecId kId>
-DevicePayload cast_device_encode(const CodecParameters&, const float* x, int64_t n, float* residual,
+DevicePayload cast_device_encode(const Codec&, const float* x, int64_t n, float* residual,
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
   DevicePayload payload;
   payload.size = kPayloadHeaderBytes + static_cast<size_t>(n) * cuda::value_bytes(kId);

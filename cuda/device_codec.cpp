@@ -30,12 +30,12 @@ std::string device_check_message(CodecId codec, int bits) {
 
 bool has_device_half(const Codec& codec) {
   const DeviceHalf* half = codec_record(codec.id()).device;
-  return half != nullptr && (half->accepts == nullptr || half->accepts(codec.parameters()));
+  return half != nullptr && (half->accepts == nullptr || half->accepts(codec));
 }
 
 DevicePayload device_encode(const Codec& codec, const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                             DeviceArena& arena, cudaStream_t stream) {
-  return device_half(codec.id()).encode(codec.parameters(), x, n, residual, ctx, arena, stream);
+  return device_half(codec.id()).encode(codec, x, n, residual, ctx, arena, stream);
 }
 
 std::vector<uint8_t> read_row_prefixes(const uint8_t* rows, size_t stride, int count, size_t bytes,

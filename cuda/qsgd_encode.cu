@@ -226,8 +226,9 @@ void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t
 namespace gradzip {
 namespace {
 
-DevicePayload qsgd_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload qsgd_device_encode(const Codec& qsgd, const float* x, int64_t n, float* residual,
                                  const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
+  const QsgdParameters& codec = qsgd_parameters(qsgd);
   DevicePayload payload;
   payload.size = cuda::qsgd_payload_bytes(n, codec.levels, codec.bucket);
   payload.data = cuda::payload_memory(arena, payload.size);

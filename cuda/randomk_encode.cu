@@ -54,8 +54,9 @@ const int64_t* indices_on_device(int64_t n, int64_t k, uint64_t seed, uint64_t s
 namespace gradzip {
 namespace {
 
-DevicePayload randomk_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload randomk_device_encode(const Codec& randomk, const float* x, int64_t n, float* residual,
                                     const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
+  const RandomKParameters& codec = randomk_parameters(randomk);
   const int64_t k = count_for_density(codec.density, n);
   const float value_scale = codec.unbiased && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
   DevicePayload payload;

@@ -137,8 +137,9 @@ void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint
 namespace gradzip {
 namespace {
 
-DevicePayload sign_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload sign_device_encode(const Codec& sign, const float* x, int64_t n, float* residual,
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
+  const SignParameters& codec = sign_parameters(sign);
   DevicePayload payload;
   payload.size = cuda::sign_payload_bytes(n, codec.block);
   payload.data = cuda::payload_memory(arena, payload.size);

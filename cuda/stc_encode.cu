@@ -205,9 +205,9 @@ void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int
 namespace gradzip {
 namespace {
 
-DevicePayload stc_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload stc_device_encode(const Codec& stc, const float* x, int64_t n, float* residual,
                                 const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
-  const cuda::Selection chosen = cuda::select_on_device(codec, x, n, residual, arena, stream);
+  const cuda::Selection chosen = cuda::select_on_device(stc_parameters(stc).selection, x, n, residual, arena, stream);
   void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
   const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
   DevicePayload payload;

@@ -81,7 +81,7 @@ namespace {
 
 // Compact: the positions coded as STC codes them (one stream synchronization for their
 // length), then the 16-bit values.
-DevicePayload compact_device_encode(const CodecParameters& codec, const cuda::Selection& chosen, int64_t n,
+DevicePayload compact_device_encode(const TopKParameters& codec, const cuda::Selection& chosen, int64_t n,
                                     float* residual, DeviceArena& arena, cudaStream_t stream) {
   void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
   const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
@@ -108,9 +108,10 @@ DevicePayload compact_device_encode(const CodecParameters& codec, const cuda::Se
   return payload;
 }
 
-DevicePayload topk_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload topk_device_encode(const Codec& topk, const float* x, int64_t n, float* residual,
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
-  const cuda::Selection chosen = cuda::select_on_device(codec, x, n, residual, arena, stream);
+  const TopKParameters& codec = topk_parameters(topk);
+  const cuda::Selection chosen = cuda::select_on_device(codec.selection, x, n, residual, arena, stream);
   if (codec.values != ValueType::kFp32) return compact_device_encode(codec, chosen, n, residual, arena, stream);
   DevicePayload payload;
   payload.size = cuda::topk_payload_bytes(n, chosen.count);

@@ -361,7 +361,7 @@ void topk_compact(const float* u, int64_t n, int64_t* indices, void* scratch, cu
         "cub::DeviceSelect::If");
 }
 
-Selection select_on_device(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+Selection select_on_device(const SelectionParameters& codec, const float* x, int64_t n, float* residual,
                            DeviceArena& arena, cudaStream_t stream) {
   const int64_t k = count_for_density(codec.density, n);
   void* scratch = arena.allocate(topk_scratch_bytes(n));

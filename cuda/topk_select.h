@@ -22,7 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "codec/codec_record.h"
+#include "codec/selection_codec.h"
 
 namespace gradzip::cuda {
 
@@ -42,7 +42,7 @@ struct Selection {
   const int64_t* indices;  // `count` of them, ascending
   int64_t count;
 };
-Selection select_on_device(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+Selection select_on_device(const SelectionParameters& codec, const float* x, int64_t n, float* residual,
                            DeviceArena& arena, cudaStream_t stream);
 
 }  // namespace gradzip::cuda

@@ -118,8 +118,9 @@ __global__ void __launch_bounds__(kThreads) uniform_add_raw(const uint8_t* value
 namespace gradzip {
 namespace {
 
-DevicePayload uniform_device_encode(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+DevicePayload uniform_device_encode(const Codec& uniform, const float* x, int64_t n, float* residual,
                                     const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
+  const UniformParameters& codec = uniform_parameters(uniform);
   const bool raw = n <= codec.threshold;
   DevicePayload payload;
   payload.size = raw ? cuda::kRawFixedBytes + 4 * static_cast<size_t>(n) : cuda::kQuantizedFixedBytes + static_cast<size_t>(n);
@@ -173,7 +174,7 @@ void uniform_device_decode_add(const uint8_t* payload, const uint8_t* prefix, si
   cuda::check_launch("uniform_add_codes");
 }
 
-bool uniform_device_accepts(const CodecParameters& codec) { return codec.bits == 8; }
+bool uniform_device_accepts(const Codec& codec) { return uniform_parameters(codec).bits == 8; }
 
 }  // namespace
 

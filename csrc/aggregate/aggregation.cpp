@@ -136,7 +136,7 @@ BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&fi
     fill_defaults(codec_spec_, codec_keys);
     // The codec reads only its own keys, with every default of its table (also those it
     // does not lend); given the whole spec, its errors name the spec as the user wrote it.
-    codec_ = codec->make(codec->parameters(spec_));
+    codec_ = codec->build(spec_);
   }
   if (kind_->check) kind_->check(*this);
 }

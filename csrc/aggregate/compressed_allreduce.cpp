@@ -183,7 +183,7 @@ bool takes_key(const BoundSpec& spec, const char* name) {
 
 bool uses_node_levels(const BoundSpec& spec) {
   return takes_key(spec, "hierarchy") && spec.spec().get_string("hierarchy") == "auto" &&
-         !spec.codec()->parameters().majority && spec.spec().get_double("momentum", 0.0) == 0;
+         !spec.codec()->votes() && spec.spec().get_double("momentum", 0.0) == 0;
 }
 
 bool compresses_reduce_scatter(const BoundSpec& spec) {
@@ -278,7 +278,7 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       exchange_(exchange_request(spec.spec())),
       rounds_(rounds_request(spec.spec())),
       error_feedback_(spec.error_feedback()),
-      majority_(codec_->parameters().majority),
+      majority_(codec_->votes()),
       momentum_(spec.spec().get_double("momentum", 0.0)),
       min_numel_(spec.spec().get_int("min_numel")),
       warmup_(spec.spec().get_int("warmup")),
@@ -293,11 +293,10 @@ CompressedAllreduce::CompressedAllreduce(const BoundSpec& spec)
       exact_codec_(make_codec(parse_spec("identity"))) {
   if (density_warmup_ == 0) return;
   constexpr int kStages = 4;
-  const CodecRecord& record = codec_record(codec_->id());
+  const double density = codec_->budget().value;
   for (int stage = 0; stage < kStages; ++stage) {
-    CodecParameters denser = codec_->parameters();
-    denser.density = std::max(denser.density, 0.25 / std::pow(4.0, stage));
-    warmup_codecs_.push_back(denser.density == codec_->parameters().density ? codec_ : record.make(denser));
+    const double denser = std::max(density, 0.25 / std::pow(4.0, stage));
+    warmup_codecs_.push_back(denser == density ? codec_ : codec_->with_budget(denser));
   }
 }
 

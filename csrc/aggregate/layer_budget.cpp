@@ -7,7 +7,6 @@
 #include <limits>
 
 #include "aggregate/slots.h"
-#include "codec/codec_record.h"
 
 namespace gradzip {
 namespace {
@@ -29,33 +28,30 @@ double total_error(const std::vector<std::vector<double>>& error, const std::vec
 
 }  // namespace
 
-bool has_levels(const Codec& codec) {
-  const CodecParameters& p = codec.parameters();
-  return p.density > 0 || (codec.id() == CodecId::kQsgd && p.levels > 0);
-}
+bool has_levels(const Codec& codec) { return codec.budget().kind != BudgetKind::kNone; }
 
 CodecLevels codec_levels(const std::shared_ptr<const Codec>& codec) {
   TORCH_CHECK(has_levels(*codec), "gradzip: codec '", codec->name(), "' has no density or levels to choose");
-  const CodecRecord& record = codec_record(codec->id());
-  const CodecParameters& base = codec->parameters();
+  const Budget base = codec->budget();
+  const bool density = base.kind == BudgetKind::kDensity;
   CodecLevels levels;
-  const int steps = base.density > 0 ? kDensitySteps : kLevelSteps;
+  const int steps = density ? kDensitySteps : kLevelSteps;
   for (int step = -steps; step <= steps; ++step) {
     if (step == 0) {
       levels.base = static_cast<int>(levels.codecs.size());
       levels.codecs.push_back(codec);
       continue;
     }
-    CodecParameters p = base;
-    if (p.density > 0) {
-      p.density = base.density * std::exp2(step / 2.0);
-      if (p.density > 1.0) continue;
+    if (density) {
+      const double scaled = base.value * std::exp2(step / 2.0);
+      if (scaled > 1.0) continue;
+      levels.codecs.push_back(codec->with_budget(scaled));
     } else {
-      const int64_t levels_count = (step > 0 ? (int64_t{base.levels} + 1) << step : (int64_t{base.levels} + 1) >> -step) - 1;
-      if (levels_count < 1 || levels_count > 32767) continue;
-      p.levels = static_cast<int>(levels_count);
+      const auto plus_one = static_cast<int64_t>(base.value) + 1;
+      const int64_t levels_count = (step > 0 ? plus_one << step : plus_one >> -step) - 1;
+      if (levels_count < 1 || levels_count > kMaxBudgetLevels) continue;
+      levels.codecs.push_back(codec->with_budget(static_cast<double>(levels_count)));
     }
-    levels.codecs.push_back(record.make(p));
   }
   return levels;
 }

@@ -61,9 +61,8 @@ ModelSpec::ModelSpec(std::string_view text) : spec_(parse_spec(text)), codec_(bi
   lossless_ = spec_.get_string(lossless.name, lossless.default_value);
   const CodecRecord* record = find_codec_record(codec_.codec_spec().name);
   if (record && takes_error_bound(*record)) {
-    CodecParameters p;
-    parse_error_bound(codec_.codec_spec(), p);
-    error_bound_ = ErrorBound{p.relative_bound, p.bound};
+    const ErrorBoundParameters p = parse_error_bound(codec_.codec_spec());
+    error_bound_ = ErrorBound{p.relative, p.bound};
   }
 }
 

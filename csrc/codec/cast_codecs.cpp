@@ -37,7 +37,7 @@ class CastCodec : public ElementwiseCodec {
 
 class IdentityCodec final : public CastCodec {
  public:
-  using CastCodec::CastCodec;
+  IdentityCodec() : CastCodec(CodecId::kIdentity) {}
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 4; }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
@@ -80,7 +80,7 @@ __attribute__((target("f16c,avx"))) int64_t add_half_f16c(const uint8_t* values,
 template <CodecId kId, uint16_t (*To16)(float), float (*From16)(uint16_t)>
 class HalfCodec final : public CastCodec {
  public:
-  using CastCodec::CastCodec;
+  HalfCodec() : CastCodec(kId) {}
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + static_cast<size_t>(n) * 2; }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
@@ -113,19 +113,14 @@ float from_half(uint16_t h) { return math::half_to_float(h); }
 uint16_t to_bf16(float x) { return math::float_to_bf16(x); }
 float from_bf16(uint16_t b) { return math::bf16_to_float(b); }
 
-// A record for a codec without keys: its parameters are its id alone.
+// A record for a codec without keys or parameters.
 template <CodecId kId, typename CastCodec>
 CodecRecord cast_record(std::string name, std::string summary, const DeviceHalf* device) {
   return {kId,
           std::move(name),
           std::move(summary),
           {},
-          [](const Spec&) {
-            CodecParameters p;
-            p.id = kId;
-            return p;
-          },
-          [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<CastCodec>(p); },
+          [](const Spec&) -> std::unique_ptr<Codec> { return std::make_unique<CastCodec>(); },
           device};
 }
 

@@ -52,9 +52,16 @@ int64_t count_for_density(double density, int64_t n) {
   return k <= 0 ? 0 : k >= static_cast<double>(n) ? n : static_cast<int64_t>(k);
 }
 
-int64_t max_selected(const CodecParameters& parameters, int64_t n) {
-  const int64_t k = count_for_density(parameters.density, n);
-  return parameters.approx ? std::min(n, 2 * k + 64) : k;
+double checked_density(const Codec& codec, double density) {
+  if (!(density > 0.0 && density <= 1.0)) {
+    throw std::invalid_argument("gradzip: " + codec.name() + "'s density must lie in (0, 1], not " +
+                                std::to_string(density));
+  }
+  return density;
+}
+
+std::unique_ptr<Codec> Codec::with_budget(double) const {
+  throw std::invalid_argument("gradzip: codec '" + name() + "' has no density or levels to set");
 }
 
 }  // namespace gradzip

@@ -1,5 +1,6 @@
-// CodecBase: a codec built from its parameters; ValueCodec adds error feedback around a
-// codec's own encoder, the same for every codec that has no fused path of its own.
+// CodecBase: a codec with its wire id (its parameters: WithParameters, codec_record.h);
+// ValueCodec adds error feedback around a codec's own encoder, the same for every codec
+// that has no fused path of its own.
 #pragma once
 
 #include <algorithm>
@@ -12,14 +13,17 @@ namespace gradzip {
 
 class CodecBase : public Codec {
  public:
-  explicit CodecBase(const CodecParameters& parameters) : parameters_(parameters) {}
-  CodecId id() const final { return parameters_.id; }
-  std::string name() const final { return codec_record(parameters_.id).name; }
-  const CodecParameters& parameters() const final { return parameters_; }
+  explicit CodecBase(CodecId id) : id_(id) {}
+  CodecId id() const final { return id_; }
+  std::string name() const final { return codec_record(id_).name; }
 
- protected:
-  CodecParameters parameters_;
+ private:
+  CodecId id_;
 };
+
+// `density` when it lies in (0, 1], what a with_budget() of a density takes; else
+// std::invalid_argument naming the codec.
+double checked_density(const Codec& codec, double density);
 
 class ValueCodec : public CodecBase {
  public:

@@ -20,33 +20,27 @@ namespace gradzip {
 // How a codec sends values: its wire byte (docs/wire-format.md).
 enum class ValueType : uint8_t { kFp32 = 0, kFp16 = 1, kBf16 = 2 };
 
-// A codec's parameters as its spec sets them (defaults filled in, values checked): what
-// its host codec is built from and what its device half is given.
-struct CodecParameters {
-  CodecId id = CodecId::kIdentity;
-  double density = 0.0;   // topk, randomk, stc
-  bool approx = false;    // topk, stc: threshold from a sample
-  bool unbiased = false;  // randomk
-  int64_t block = 0;      // sign: elements per scale (0 = plain signs); polar: elements per code block
-  bool majority = false;  // sign: vote=majority
-  int levels = 0;         // qsgd
-  int64_t bucket = 0;     // qsgd
-  bool max_norm = false;  // qsgd
-  ValueType values = ValueType::kFp32;  // topk: how values travel (fp16, bf16: positions coded too)
-  bool relative_bound = true;  // sz, zfp: mode=rel (bound × (max − min)) or abs
-  double bound = 0.0;          // sz, zfp: the error bound
-  int predictor = 0;           // sz: 0 auto, 1 zero, 2 lorenzo
-  int bits = 0;                // uniform: bits per element
-  int64_t threshold = 0;       // uniform: tensors of at most this many elements go as fp32
-  bool stochastic_rounding = true;  // uniform
-  double rate = 0.0;           // polar: free bits per sign
-  int list_size = 1;           // polar: successive-cancellation list size
-  // Decoders: take the shape a payload states (polar's block and free bits) rather than
-  // refuse one that differs from these parameters. Set for the decoder of a payload
-  // (codec_for_payload: gradzip.codec.decode has no spec); an aggregation's codec refuses
-  // another shape, so a peer cannot make it design codes it does not use.
-  bool any_shape = false;
+// A codec's parameters: each codec has a type of its own (SignParameters, ...), declared
+// in its header beside the accessor its device half reads them through
+// (sign_parameters(codec), ...). A codec holds them through WithParameters.
+template <class Parameters>
+class WithParameters {
+ public:
+  explicit WithParameters(const Parameters& parameters) : parameters_(parameters) {}
+  const Parameters& parameters() const { return parameters_; }
+
+ protected:
+  Parameters parameters_;
 };
+
+// The parameters of `codec`, which must hold Parameters (std::logic_error otherwise: a
+// device half given another codec's instance).
+template <class Parameters>
+const Parameters& parameters_of(const Codec& codec) {
+  const auto* typed = dynamic_cast<const WithParameters<Parameters>*>(&codec);
+  if (typed == nullptr) throw std::logic_error("gradzip: codec '" + codec.name() + "' holds other parameters");
+  return typed->parameters();
+}
 
 // Device memory for the device halves: 256-byte aligned (payload(): 8), valid until the arena goes
 // (torch's caching allocator in gradzip._C, cudaMalloc in the tests).
@@ -94,7 +88,7 @@ struct PayloadRows {
 // A codec's CUDA half, defined in its .cu file: the same bytes as the host codec.
 struct DeviceHalf {
   // The host codec's encode() on device memory, queued on `stream`.
-  DevicePayload (*encode)(const CodecParameters& codec, const float* x, int64_t n, float* residual,
+  DevicePayload (*encode)(const Codec& codec, const float* x, int64_t n, float* residual,
                           const EncodeContext& ctx, DeviceArena& arena, CUstream_st* stream);
   // Checks one payload's layout with the codec's own layout parser (its first `have`
   // bytes copied to the host at `prefix`, `size` bytes in all at `payload` on the device)
@@ -102,7 +96,7 @@ struct DeviceHalf {
   void (*queue_decode_add)(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
                            int64_t n, int* error, DeviceArena& arena, CUstream_st* stream);
   // Whether the kernels handle these parameters (null: all); others run on the host.
-  bool (*accepts)(const CodecParameters& codec);
+  bool (*accepts)(const Codec& codec);
   // Codecs whose payloads hold one term per element (null: none): out[i] = (set ? 0 :
   // out[i]) + scale·term_0(i) + scale·term_1(i) + ..., in row order, each term rounded
   // as the host decode_add(..., scale) adds it, in one kernel that reads and writes out
@@ -118,16 +112,22 @@ struct CodecRecord {
   std::string name;
   std::string summary;
   std::vector<SpecKey> keys;
-  // The parameters of a spec whose keys were checked one by one (check_keys), with the
-  // defaults of `keys` filled in (call it through parameters()): the rules that tie keys
-  // together, and the defaults that depend on other keys. Reads only the codec's own keys
-  // (the spec may hold an aggregation's too). Throws SpecError.
-  CodecParameters (*parse)(const Spec& spec);
-  std::unique_ptr<Codec> (*make)(const CodecParameters& parameters);
+  // The codec of a spec whose keys were checked one by one (check_keys), with the
+  // defaults of `keys` filled in (call it through build()): parses the codec's own
+  // parameters (the rules that tie keys together, the defaults that depend on other
+  // keys) and builds it. Reads only the codec's own keys (the spec may hold an
+  // aggregation's too). Throws SpecError.
+  std::unique_ptr<Codec> (*make)(const Spec& spec);
   const DeviceHalf* device;  // null: no kernels; CUDA tensors go through the host codec
+  // The decoder of any payload of this codec, for codec_for_payload (gradzip.codec.decode
+  // has no spec): one that takes the shape a payload states (polar's block and rate)
+  // rather than refusing one that differs from its parameters. An aggregation's codec
+  // refuses another shape, so a peer cannot make it design codes it does not use. Null:
+  // the codec of the defaults decodes every payload.
+  std::unique_ptr<Codec> (*make_decoder)() = nullptr;
 
-  // parse() of `spec` with the defaults of `keys` for the keys it leaves out.
-  CodecParameters parameters(const Spec& spec) const;
+  // make() of `spec` with the defaults of `keys` for the keys it leaves out.
+  std::unique_ptr<Codec> build(const Spec& spec) const;
 };
 
 // Every codec, in the order error messages and docs list them.
@@ -137,8 +137,12 @@ const CodecRecord* find_codec_record(const std::string& name);
 const CodecRecord* find_codec_record(uint8_t id);
 // The record of a codec id that exists (an id from a record or a checked header).
 const CodecRecord& codec_record(CodecId id);
-// check_keys, then the record's parse(). Throws SpecError listing the valid codecs or keys.
-CodecParameters parse_codec(const Spec& spec);
+// Adds a codec to the registry: every door (make_codec, the aggregations' spec binding,
+// codec_for_payload, gradzip.codecs()) finds it from then on. The record must outlive
+// every use; its name and id must be new (std::invalid_argument otherwise). For codecs
+// defined outside csrc/codec (a test's); the built-in ones are listed in
+// codec_registry.cpp.
+void register_codec(const CodecRecord& record);
 
 // A device half, named by its symbol, in builds with CUDA; null in CPU-only builds.
 #ifdef GRADZIP_WITH_CUDA
@@ -150,9 +154,5 @@ CodecParameters parse_codec(const Spec& spec);
 // k = ceil(density × n), clamped to [0, n].
 int64_t count_for_density(double density, int64_t n);
 
-// The most entries a selection codec (top-k, STC) sends for n elements: k, or with
-// approx = true up to min(n, 2k + 64); an approximate threshold that lets more through
-// is replaced by the exact selection, on the CPU and on the GPU alike.
-int64_t max_selected(const CodecParameters& parameters, int64_t n);
 
 }  // namespace gradzip

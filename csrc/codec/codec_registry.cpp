@@ -1,5 +1,5 @@
-// The codec registry: one line per codec. A new codec is its own file pair, one line
-// here, and its sources in CMakeLists.txt (plus its .cu for a device half).
+// The codec registry: one line per built-in codec. A new codec is its own file pair and
+// one line here (plus its .cu for a device half); register_codec() adds others.
 #include <algorithm>
 
 #include "codec/cast_codecs.h"
@@ -24,18 +24,35 @@ std::string names() {
 
 }  // namespace
 
-CodecParameters CodecRecord::parameters(const Spec& spec) const {
+std::unique_ptr<Codec> CodecRecord::build(const Spec& spec) const {
   Spec with_defaults = spec;
   fill_defaults(with_defaults, keys);
-  return parse(with_defaults);
+  return make(with_defaults);
 }
 
-const std::vector<const CodecRecord*>& codec_records() {
-  static const std::vector<const CodecRecord*> records = {
+namespace {
+
+std::vector<const CodecRecord*>& registry() {
+  static std::vector<const CodecRecord*> records = {
       &identity_record(), &fp16_record(), &bf16_record(), &topk_record(),
       &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(), &zfp_record(), &polar_record(),
   };
   return records;
+}
+
+}  // namespace
+
+const std::vector<const CodecRecord*>& codec_records() { return registry(); }
+
+void register_codec(const CodecRecord& record) {
+  for (const auto* known : registry()) {
+    if (known->name == record.name || known->id == record.id) {
+      throw std::invalid_argument("gradzip: codec '" + record.name + "' (id " + std::to_string(static_cast<int>(record.id)) +
+                                  ") has the name or the id of codec '" + known->name + "' (id " +
+                                  std::to_string(static_cast<int>(known->id)) + ")");
+    }
+  }
+  registry().push_back(&record);
 }
 
 const CodecRecord* find_codec_record(const std::string& name) {
@@ -58,26 +75,19 @@ const CodecRecord& codec_record(CodecId id) {
   return *record;
 }
 
-CodecParameters parse_codec(const Spec& spec) {
+std::unique_ptr<Codec> make_codec(const Spec& spec) {
   const CodecRecord* record = find_codec_record(spec.name);
   if (!record) {
     throw SpecError("gradzip: unknown codec '" + spec.name + "' in spec '" + spec.str() + "'; valid codecs: " + names());
   }
   check_keys(spec, record->keys, "codec '" + record->name + "'");
-  return record->parameters(spec);
-}
-
-std::unique_ptr<Codec> make_codec(const Spec& spec) {
-  const CodecParameters parameters = parse_codec(spec);
-  return codec_record(parameters.id).make(parameters);
+  return record->build(spec);
 }
 
 std::unique_ptr<Codec> codec_for_payload(const uint8_t* data, size_t size) {
   // Decoders read every parameter from the payload: the default instance serves.
   const CodecRecord& record = codec_record(read_payload_header(data, size).codec);
-  CodecParameters parameters = record.parameters(Spec{record.name, {}});
-  parameters.any_shape = true;
-  return record.make(parameters);
+  return record.make_decoder ? record.make_decoder() : record.build(Spec{record.name, {}, {}});
 }
 
 }  // namespace gradzip

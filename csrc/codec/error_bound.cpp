@@ -65,12 +65,13 @@ bool takes_error_bound(const CodecRecord& record) {
   return has_key(record, mode_key().name) && has_key(record, bound_key().name);
 }
 
-void parse_error_bound(const Spec& spec, CodecParameters& p) {
-  p.relative_bound = spec.get_string(mode_key().name, mode_key().default_value) == "rel";
-  p.bound = spec.get_double(bound_key().name, std::stod(bound_key().default_value));
+ErrorBoundParameters parse_error_bound(const Spec& spec) {
+  const ErrorBoundParameters p{.relative = spec.get_string(mode_key().name, mode_key().default_value) == "rel",
+                               .bound = spec.get_double(bound_key().name, std::stod(bound_key().default_value))};
   if (!(p.bound > 0.0) || !std::isfinite(p.bound)) {
     throw SpecError("gradzip: spec '" + spec.str() + "': bound must be a finite number above 0");
   }
+  return p;
 }
 
 Spec with_absolute_bound(Spec spec, double bound) {
@@ -81,13 +82,13 @@ Spec with_absolute_bound(Spec spec, double bound) {
   return spec;
 }
 
-double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec) {
+double absolute_bound(const ErrorBoundParameters& p, const float* u, int64_t n, const char* codec) {
   const Range range = kHasAvx2 ? range_avx2(u, n) : range_baseline(u, n);
   if (range.non_finite) {
     throw std::invalid_argument(std::string("gradzip: ") + codec +
                                 ": the tensor holds Inf or NaN, which no error bound can cover");
   }
-  if (!p.relative_bound) return p.bound;
+  if (!p.relative) return p.bound;
   if (n == 0) return 0.0;
   return p.bound * (static_cast<double>(range.high) - static_cast<double>(range.low));
 }

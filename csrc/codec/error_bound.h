@@ -15,13 +15,17 @@ namespace gradzip {
 std::vector<SpecKey> error_bound_keys();
 // Whether a codec takes an error bound (its keys are error_bound_keys()).
 bool takes_error_bound(const CodecRecord& record);
-// Sets p.relative_bound and p.bound from a spec whose keys were checked.
-void parse_error_bound(const Spec& spec, CodecParameters& p);
+struct ErrorBoundParameters {
+  bool relative = true;  // mode=rel: bound × (max − min); mode=abs: bound
+  double bound = 0.0;
+};
+// mode and bound from a spec whose keys were checked.
+ErrorBoundParameters parse_error_bound(const Spec& spec);
 // `spec` (an error-bounded codec's) with mode=abs and the given bound, its other keys kept.
 Spec with_absolute_bound(Spec spec, double bound);
 // The absolute bound for u[0..n) under p. Throws std::invalid_argument when u holds Inf
 // or NaN (an error bound means nothing for them).
-double absolute_bound(const CodecParameters& p, const float* u, int64_t n, const char* codec);
+double absolute_bound(const ErrorBoundParameters& p, const float* u, int64_t n, const char* codec);
 // |x̂ − x| ≤ eb, decided exactly. The difference of two floats in double is exact unless
 // their exponents lie far apart; then it may round onto eb itself, and the rounding error
 // (TwoSum's remainder) tells which side the exact difference lies on.

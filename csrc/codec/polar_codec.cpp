@@ -94,12 +94,22 @@ PolarLayout read_polar_layout(wire::Reader& r, int64_t n) {
   return layout;
 }
 
+struct PolarParameters {
+  int64_t block = 0;  // elements per code block, a power of two
+  double rate = 0.0;  // free bits per sign
+  int list_size = 1;  // successive-cancellation list size
+};
+
 class PolarCodec final : public ValueCodec {
  public:
-  explicit PolarCodec(const CodecParameters& p)
-      : ValueCodec(p),
+  // any_shape: decode the block and free bits a payload states (codec_for_payload),
+  // rather than refuse a payload coded otherwise than `p`.
+  PolarCodec(const PolarParameters& p, bool any_shape)
+      : ValueCodec(CodecId::kPolar),
         block_(static_cast<uint32_t>(p.block)),
-        free_(static_cast<uint32_t>(std::llround(p.rate * static_cast<double>(p.block)))) {}
+        free_(static_cast<uint32_t>(std::llround(p.rate * static_cast<double>(p.block)))),
+        list_size_(p.list_size),
+        any_shape_(any_shape) {}
   bool biased() const override { return true; }
   size_t max_payload_bytes(int64_t n) const override {
     const uint64_t blocks = (static_cast<uint64_t>(n) + block_ - 1) / block_;
@@ -109,7 +119,7 @@ class PolarCodec final : public ValueCodec {
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "polar");
     const PolarLayout layout = read_polar_layout(r, n);
-    if (!parameters_.any_shape && (layout.block != block_ || layout.free != free_)) {
+    if (!any_shape_ && (layout.block != block_ || layout.free != free_)) {
       r.fail("coded in blocks of " + std::to_string(layout.block) + " with " + std::to_string(layout.free) +
              " free bits, not this spec's " + std::to_string(block_) + " with " + std::to_string(free_));
     }
@@ -151,7 +161,7 @@ class PolarCodec final : public ValueCodec {
       const size_t size = size_t{1} << shape.m;
       source.assign(size, 0);  // the padding of a last partial block: zeros
       for (int64_t i = 0; i < shape.length; ++i) source[i] = std::signbit(x[i]) ? 0 : 1;
-      if (shape.m != encoder_m) encoder = std::make_unique<polar::Encoder>(shape.m, parameters_.list_size), encoder_m = shape.m;
+      if (shape.m != encoder_m) encoder = std::make_unique<polar::Encoder>(shape.m, list_size_), encoder_m = shape.m;
       const auto frozen = frozen_set(shape.m, shape.free);
       free_bits.resize(shape.free);
       encoder->encode(source.data(), frozen->data(), free_bits.data());
@@ -173,7 +183,20 @@ class PolarCodec final : public ValueCodec {
  private:
   uint32_t block_;
   uint32_t free_;
+  int list_size_;
+  bool any_shape_;
 };
+
+PolarParameters parse_polar(const Spec& spec) {
+  const PolarParameters p{.block = spec.get_int("block"),
+                          .rate = spec.get_double("rate"),
+                          .list_size = static_cast<int>(spec.get_int("list"))};
+  if (!(p.rate > 0.0)) throw SpecError("gradzip: spec '" + spec.str() + "': rate must be above 0");
+  if (!std::has_single_bit(static_cast<uint64_t>(p.block))) {
+    throw SpecError("gradzip: spec '" + spec.str() + "': block must be a power of two, got " + std::to_string(p.block));
+  }
+  return p;
+}
 
 }  // namespace
 
@@ -185,21 +208,13 @@ const CodecRecord& polar_record() {
       {SpecKey::number("rate", "0.5", 0.0, 1.0, "free bits per sign: the code rate R in (0, 1]"),
        SpecKey::integer("block", "4096", 2, kMaxBlock, "elements per polar block (a power of two)"),
        SpecKey::integer("list", "1", 1, 8, "successive-cancellation list size: larger is closer to the bound, slower")},
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kPolar;
-        p.rate = spec.get_double("rate");
-        p.block = spec.get_int("block");
-        p.list_size = static_cast<int>(spec.get_int("list"));
-        if (!(p.rate > 0.0)) throw SpecError("gradzip: spec '" + spec.str() + "': rate must be above 0");
-        if (!std::has_single_bit(static_cast<uint64_t>(p.block))) {
-          throw SpecError("gradzip: spec '" + spec.str() + "': block must be a power of two, got " +
-                          std::to_string(p.block));
-        }
-        return p;
-      },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<PolarCodec>(p); },
+      [](const Spec& spec) -> std::unique_ptr<Codec> { return std::make_unique<PolarCodec>(parse_polar(spec), false); },
       nullptr,
+      [] {
+        Spec defaults{"polar", {}, {}};
+        fill_defaults(defaults, polar_record().keys);
+        return std::unique_ptr<Codec>(std::make_unique<PolarCodec>(parse_polar(defaults), true));
+      },
   };
   return record;
 }

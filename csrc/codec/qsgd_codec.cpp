@@ -21,7 +21,7 @@ QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
   layout.levels = r.get<uint16_t>("levels");
   const uint8_t norm = r.get<uint8_t>("norm");
   layout.bucket = r.get<uint32_t>("bucket");
-  if (layout.levels < 1 || layout.levels > 32767 || layout.width != qsgd_code_width(static_cast<int>(layout.levels))) {
+  if (layout.levels < 1 || layout.levels > kMaxBudgetLevels || layout.width != qsgd_code_width(static_cast<int>(layout.levels))) {
     r.fail("levels " + std::to_string(layout.levels) + " with code width " + std::to_string(layout.width));
   }
   if (norm > 1) r.fail("unknown norm " + std::to_string(norm));
@@ -36,15 +36,24 @@ QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class QsgdCodec final : public ElementwiseCodec {
+class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParameters> {
  public:
-  explicit QsgdCodec(const CodecParameters& p)
-      : ElementwiseCodec(p), levels_(p.levels), bucket_(p.bucket), max_norm_(p.max_norm) {}
+  explicit QsgdCodec(const QsgdParameters& p) : ElementwiseCodec(CodecId::kQsgd), WithParameters(p) {}
   bool biased() const override { return false; }
+  Budget budget() const override { return {BudgetKind::kLevels, static_cast<double>(parameters_.levels)}; }
+  std::unique_ptr<Codec> with_budget(double levels) const override {
+    if (!(levels >= 1 && levels <= kMaxBudgetLevels) || levels != std::floor(levels)) {
+      throw std::invalid_argument("gradzip: qsgd's levels must be a whole number in [1, " +
+                                  std::to_string(kMaxBudgetLevels) + "], not " + std::to_string(levels));
+    }
+    QsgdParameters p = parameters_;
+    p.levels = static_cast<int>(levels);
+    return std::make_unique<QsgdCodec>(p);
+  }
   size_t max_payload_bytes(int64_t n) const override {
-    const uint64_t buckets = (static_cast<uint64_t>(n) + bucket_ - 1) / bucket_;
+    const uint64_t buckets = (static_cast<uint64_t>(n) + parameters_.bucket - 1) / parameters_.bucket;
     return kPayloadHeaderBytes + 8 + buckets * 4 +
-           wire::bytes_for_bits(static_cast<uint64_t>(n) * qsgd_code_width(levels_));
+           wire::bytes_for_bits(static_cast<uint64_t>(n) * qsgd_code_width(parameters_.levels));
   }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t from, int64_t to,
@@ -85,14 +94,14 @@ class QsgdCodec final : public ElementwiseCodec {
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    const int width = qsgd_code_width(levels_);
-    const int64_t buckets = (n + bucket_ - 1) / bucket_;
+    const int width = qsgd_code_width(parameters_.levels);
+    const int64_t buckets = (n + parameters_.bucket - 1) / parameters_.bucket;
     wire::Writer w(out);
     w.header(id(), n);
     w.put<uint8_t>(static_cast<uint8_t>(width));
-    w.put<uint16_t>(static_cast<uint16_t>(levels_));
-    w.put<uint8_t>(max_norm_ ? 1 : 0);
-    w.put<uint32_t>(static_cast<uint32_t>(bucket_));
+    w.put<uint16_t>(static_cast<uint16_t>(parameters_.levels));
+    w.put<uint8_t>(parameters_.max_norm ? 1 : 0);
+    w.put<uint32_t>(static_cast<uint32_t>(parameters_.bucket));
     const size_t norms_at = out.size();
     w.reserve(buckets * 4);
     const size_t codes_at = out.size();
@@ -103,7 +112,7 @@ class QsgdCodec final : public ElementwiseCodec {
     uint64_t buffer = 0;  // codes stream into `packed`, little-endian, `width` bits each
     int filled = 0;
     for (int64_t b = 0; b < buckets; ++b) {
-      const int64_t begin = b * bucket_, end = std::min(n, begin + bucket_);
+      const int64_t begin = b * parameters_.bucket, end = std::min(n, begin + parameters_.bucket);
       const float norm = bucket_norm(u + begin, end - begin);
       std::memcpy(norms + 4 * b, &norm, 4);
       const float inverse = norm > 0.0f ? 1.0f / norm : 0.0f;
@@ -147,13 +156,13 @@ class QsgdCodec final : public ElementwiseCodec {
   // The codes of kCount elements: level in the low bits, sign (1 = negative) on top.
   template <int kCount>
   void quantize(const float* v, float inverse, const uint32_t* random, uint32_t sign_bit, uint32_t* codes) const {
-    for (int j = 0; j < kCount; ++j) codes[j] = math::qsgd_code(v[j], inverse, levels_, sign_bit, random[j]);
+    for (int j = 0; j < kCount; ++j) codes[j] = math::qsgd_code(v[j], inverse, parameters_.levels, sign_bit, random[j]);
   }
 
   // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight float lanes (a fixed
   // order, so every machine gets the same bits, without one long chain of additions).
   float bucket_norm(const float* v, int64_t length) const {
-    if (max_norm_) {
+    if (parameters_.max_norm) {
       float largest = 0.0f;
       for (int64_t i = 0; i < length; ++i) largest = std::max(largest, std::fabs(v[i]));
       for (int64_t i = 0; i < length; ++i) {
@@ -207,13 +216,11 @@ class QsgdCodec final : public ElementwiseCodec {
     aligned.get(static_cast<int>(first_bit % 8));
     for (int64_t i = 0; i < length; ++i) codes[i] = static_cast<uint16_t>(aligned.get(width));
   }
-
-  int levels_;
-  int64_t bucket_;
-  bool max_norm_;
 };
 
 }  // namespace
+
+const QsgdParameters& qsgd_parameters(const Codec& codec) { return parameters_of<QsgdParameters>(codec); }
 
 const CodecRecord& qsgd_record() {
   static const CodecRecord record = {
@@ -221,22 +228,20 @@ const CodecRecord& qsgd_record() {
       "qsgd",
       "stochastic quantization to s levels per bucket: bits (incl. sign) or levels, bucket, norm=l2|max",
       {SpecKey::integer("bits", "4", 2, 16, "bits per element, the sign included: s = 2^(bits-1) - 1 levels"),
-       SpecKey::integer("levels", "", 1, 32767, "the number of levels s, instead of bits (levels=1, norm=max: TernGrad)"),
+       SpecKey::integer("levels", "", 1, kMaxBudgetLevels, "the number of levels s, instead of bits (levels=1, norm=max: TernGrad)"),
        SpecKey::integer("bucket", "512", 1, 1 << 30, "elements per norm"),
        SpecKey::choice("norm", "l2", {"l2", "max"}, "the bucket norm the levels divide")},
-      [](const Spec& spec) {
+      [](const Spec& spec) -> std::unique_ptr<Codec> {
         if (spec.has("bits") && spec.has("levels")) {
           throw SpecError("gradzip: spec '" + spec.str() + "': give bits or levels, not both");
         }
-        CodecParameters p;
-        p.id = CodecId::kQsgd;
+        QsgdParameters p;
         p.levels = spec.has("levels") ? static_cast<int>(spec.get_int("levels"))
                                       : static_cast<int>((int64_t{1} << (spec.get_int("bits") - 1)) - 1);
         p.bucket = spec.get_int("bucket");
         p.max_norm = spec.get_string("norm") == "max";
-        return p;
+        return std::make_unique<QsgdCodec>(p);
       },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<QsgdCodec>(p); },
       GRADZIP_DEVICE_HALF(kQsgdDevice),
   };
   return record;

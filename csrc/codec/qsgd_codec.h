@@ -13,6 +13,14 @@
 
 namespace gradzip {
 
+struct QsgdParameters {
+  int levels = 0;         // s
+  int64_t bucket = 0;     // elements per norm
+  bool max_norm = false;  // norm=max (else l2)
+};
+// The parameters of a qsgd codec (std::logic_error for another codec).
+const QsgdParameters& qsgd_parameters(const Codec& codec);
+
 struct QsgdLayout {
   int width;
   uint32_t levels;

@@ -62,14 +62,20 @@ RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class RandomKCodec final : public ValueCodec {
+class RandomKCodec final : public ValueCodec, public WithParameters<RandomKParameters> {
  public:
-  explicit RandomKCodec(const CodecParameters& p) : ValueCodec(p), density_(p.density), unbiased_(p.unbiased) {}
-  bool biased() const override { return !unbiased_; }
+  explicit RandomKCodec(const RandomKParameters& p) : ValueCodec(CodecId::kRandomK), WithParameters(p) {}
+  bool biased() const override { return !parameters_.unbiased; }
+  Budget budget() const override { return {BudgetKind::kDensity, parameters_.density}; }
+  std::unique_ptr<Codec> with_budget(double density) const override {
+    RandomKParameters p = parameters_;
+    p.density = checked_density(*this, density);
+    return std::make_unique<RandomKCodec>(p);
+  }
   bool carries_non_finite() const override { return false; }
   bool selects() const override { return true; }
   size_t max_payload_bytes(int64_t n) const override {
-    return kPayloadHeaderBytes + 28 + static_cast<size_t>(count_for_density(density_, n)) * 4;
+    return kPayloadHeaderBytes + 28 + static_cast<size_t>(count_for_density(parameters_.density, n)) * 4;
   }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
@@ -87,7 +93,7 @@ class RandomKCodec final : public ValueCodec {
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    const int64_t k = count_for_density(density_, n);
+    const int64_t k = count_for_density(parameters_.density, n);
     const auto entries = randomk_indices(n, k, ctx.seed, ctx.step);
     const std::vector<int64_t>& chosen = *entries;
     wire::Writer w(out);
@@ -95,17 +101,16 @@ class RandomKCodec final : public ValueCodec {
     w.put<uint64_t>(k);
     w.put<uint64_t>(ctx.seed);
     w.put<uint64_t>(ctx.step);
-    w.put<float>(unbiased_ && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f);
+    w.put<float>(parameters_.unbiased && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f);
     uint8_t* values = w.reserve(k * 4);
     for (int64_t j = 0; j < k; ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 
- private:
-  double density_;
-  bool unbiased_;
 };
 
 }  // namespace
+
+const RandomKParameters& randomk_parameters(const Codec& codec) { return parameters_of<RandomKParameters>(codec); }
 
 const CodecRecord& randomk_record() {
   static const CodecRecord record = {
@@ -114,14 +119,10 @@ const CodecRecord& randomk_record() {
       "ceil(density·n) elements chosen by a seed shared by all ranks; unbiased=1 scales by n/k",
       {density_key(), density_warmup_key(), momentum_key(),
        SpecKey::boolean("unbiased", "1", "scale the values by n/k, so the estimate is unbiased")},
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kRandomK;
-        p.density = spec.get_double("density");
-        p.unbiased = spec.get_bool("unbiased");
-        return p;
+      [](const Spec& spec) -> std::unique_ptr<Codec> {
+        return std::make_unique<RandomKCodec>(
+            RandomKParameters{.density = spec.get_double("density"), .unbiased = spec.get_bool("unbiased")});
       },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<RandomKCodec>(p); },
       GRADZIP_DEVICE_HALF(kRandomKDevice),
   };
   return record;

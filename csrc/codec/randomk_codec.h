@@ -12,6 +12,13 @@
 
 namespace gradzip {
 
+struct RandomKParameters {
+  double density = 0.0;   // k = ceil(density·n)
+  bool unbiased = false;  // values scaled by n/k
+};
+// The parameters of a randomk codec (std::logic_error for another codec).
+const RandomKParameters& randomk_parameters(const Codec& codec);
+
 // The k distinct indices below n that (seed, step) choose, ascending: Floyd's sampling
 // with Philox4x32-10 numbers (on the host; the same on every rank and device). Each
 // thread keeps the last draw of at most kKeptRandomKEntries entries, so that the same

@@ -1,5 +1,7 @@
 #include "codec/selection_codec.h"
 
+#include <algorithm>
+
 namespace gradzip {
 
 SpecKey density_key() {
@@ -23,12 +25,13 @@ std::vector<SpecKey> selection_keys() {
           SpecKey::boolean("approx", "0", "take the threshold from a 1% sample (k within a few % from 10M up)")};
 }
 
-CodecParameters parse_selection(CodecId id, const Spec& spec) {
-  CodecParameters p;
-  p.id = id;
-  p.density = spec.get_double("density");
-  p.approx = spec.get_bool("approx");
-  return p;
+SelectionParameters parse_selection(const Spec& spec) {
+  return {.density = spec.get_double("density"), .approx = spec.get_bool("approx")};
+}
+
+int64_t max_selected(const SelectionParameters& selection, int64_t n) {
+  const int64_t k = count_for_density(selection.density, n);
+  return selection.approx ? std::min(n, 2 * k + 64) : k;
 }
 
 }  // namespace gradzip

@@ -9,22 +9,43 @@
 
 namespace gradzip {
 
-class SelectionCodec : public CodecBase {
+// What every selection codec is given: k = ceil(density·n), and whether its threshold
+// comes from a sample.
+struct SelectionParameters {
+  double density = 0.0;
+  bool approx = false;
+};
+
+// The most entries a selection codec sends for n elements: k, or with approx = true up
+// to min(n, 2k + 64); an approximate threshold that lets more through is replaced by the
+// exact selection, on the CPU and on the GPU alike.
+int64_t max_selected(const SelectionParameters& selection, int64_t n);
+
+// Parameters: a struct with a SelectionParameters `selection` (TopKParameters,
+// StcParameters); Self: the codec (with_budget builds another).
+template <class Self, class Parameters>
+class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
  public:
-  using CodecBase::CodecBase;
+  SelectionCodec(CodecId id, const Parameters& parameters) : CodecBase(id), WithParameters<Parameters>(parameters) {}
   bool biased() const final { return true; }
   bool selects() const final { return true; }
+  Budget budget() const final { return {BudgetKind::kDensity, selection().density}; }
+  std::unique_ptr<Codec> with_budget(double density) const final {
+    Parameters denser = this->parameters_;
+    denser.selection.density = checked_density(*this, density);
+    return std::make_unique<Self>(denser);
+  }
 
   void encode(const float* x, int64_t n, float* residual, const EncodeContext&,
               std::vector<uint8_t>& out) const final {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
-    const int64_t k = count_for_density(parameters_.density, n);
-    if (parameters_.approx) {
+    const int64_t k = count_for_density(selection().density, n);
+    if (selection().approx) {
       select_topk_approx(x, residual, n, k, chosen);
       // The sampled threshold can let far more than k through: then select exactly from
       // u, which the approximate pass left in `residual` (or is x).
-      if (static_cast<int64_t>(chosen.size()) > max_selected(parameters_, n)) select_topk(residual ? residual : x, nullptr, n, k, chosen);
+      if (static_cast<int64_t>(chosen.size()) > max_selected(selection(), n)) select_topk(residual ? residual : x, nullptr, n, k, chosen);
     } else {
       select_topk(x, residual, n, k, chosen);
     }
@@ -33,6 +54,7 @@ class SelectionCodec : public CodecBase {
   }
 
  protected:
+  const SelectionParameters& selection() const { return this->parameters_.selection; }
   // Appends the payload (header included) of u's entries at `chosen` (ascending).
   virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
 };
@@ -46,17 +68,18 @@ SpecKey density_warmup_key();
 SpecKey momentum_key();
 // density, density_warmup, momentum and approx: the keys of every selection codec.
 std::vector<SpecKey> selection_keys();
-CodecParameters parse_selection(CodecId id, const Spec& spec);
+// density and approx from a spec with selection_keys() checked and filled in.
+SelectionParameters parse_selection(const Spec& spec);
 
-// The record of a selection codec: its keys and parameters are the same for all of them.
-template <CodecId kId, typename SelectionType>
+// The record of a selection codec: selection_keys() (a codec adds its own after them),
+// and a codec built from parse(spec).
+template <CodecId kId, class SelectionType, auto parse>
 CodecRecord selection_record(std::string name, std::string summary, const DeviceHalf* device) {
   return {kId,
           std::move(name),
           std::move(summary),
           selection_keys(),
-          [](const Spec& spec) { return parse_selection(kId, spec); },
-          [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SelectionType>(p); },
+          [](const Spec& spec) -> std::unique_ptr<Codec> { return std::make_unique<SelectionType>(parse(spec)); },
           device};
 }
 

@@ -19,13 +19,14 @@ SignLayout read_sign_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class SignCodec final : public ElementwiseCodec {
+class SignCodec final : public ElementwiseCodec, public WithParameters<SignParameters> {
  public:
-  explicit SignCodec(const CodecParameters& p) : ElementwiseCodec(p), block_(p.block) {}
+  explicit SignCodec(const SignParameters& p) : ElementwiseCodec(CodecId::kSign), WithParameters(p) {}
   bool biased() const override { return !parameters_.majority; }
   bool carries_non_finite() const override { return !parameters_.majority; }
+  bool votes() const override { return parameters_.majority; }
   size_t max_payload_bytes(int64_t n) const override {
-    const uint64_t blocks = block_ ? (static_cast<uint64_t>(n) + block_ - 1) / block_ : 0;
+    const uint64_t blocks = parameters_.block ? (static_cast<uint64_t>(n) + parameters_.block - 1) / parameters_.block : 0;
     return kPayloadHeaderBytes + 4 + blocks * 4 + wire::bytes_for_bits(n);
   }
 
@@ -54,11 +55,11 @@ class SignCodec final : public ElementwiseCodec {
   // Otherwise the generic path. Both leave what decode_add(−1) of the payload leaves.
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const override {
-    if (!residual || block_ == 0 || block_ % 8 != 0) return ValueCodec::encode(x, n, residual, ctx, out);
-    const int64_t blocks = (n + block_ - 1) / block_;
+    if (!residual || parameters_.block == 0 || parameters_.block % 8 != 0) return ValueCodec::encode(x, n, residual, ctx, out);
+    const int64_t blocks = (n + parameters_.block - 1) / parameters_.block;
     wire::Writer w(out);
     w.header(id(), n);
-    w.put<uint32_t>(static_cast<uint32_t>(block_));
+    w.put<uint32_t>(static_cast<uint32_t>(parameters_.block));
     const size_t scales_at = out.size();
     w.reserve(blocks * 4);
     const size_t bits_at = out.size();
@@ -66,7 +67,7 @@ class SignCodec final : public ElementwiseCodec {
     uint8_t* scales = out.data() + scales_at;  // both after the last resize of `out`
     uint8_t* bits = out.data() + bits_at;
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * block_, length = std::min(n - begin, block_);
+      const int64_t begin = b * parameters_.block, length = std::min(n - begin, parameters_.block);
       const float s = static_cast<float>(block_l1(x + begin, residual + begin, length) / static_cast<double>(length));
       std::memcpy(scales + 4 * b, &s, 4);
       bitpack::pack_nonnegative(residual + begin, length, bits + begin / 8);
@@ -78,11 +79,11 @@ class SignCodec final : public ElementwiseCodec {
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
     w.header(id(), n);
-    w.put<uint32_t>(static_cast<uint32_t>(block_));
-    const int64_t blocks = block_ ? (n + block_ - 1) / block_ : 0;
+    w.put<uint32_t>(static_cast<uint32_t>(parameters_.block));
+    const int64_t blocks = parameters_.block ? (n + parameters_.block - 1) / parameters_.block : 0;
     uint8_t* scales = w.reserve(blocks * 4);
     for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * block_, length = std::min(n - begin, block_);
+      const int64_t begin = b * parameters_.block, length = std::min(n - begin, parameters_.block);
       const float s = static_cast<float>(block_l1(u + begin, nullptr, length) / static_cast<double>(length));
       std::memcpy(scales + 4 * b, &s, 4);
     }
@@ -114,10 +115,11 @@ class SignCodec final : public ElementwiseCodec {
     return total;
   }
 
-  int64_t block_;
 };
 
 }  // namespace
+
+const SignParameters& sign_parameters(const Codec& codec) { return parameters_of<SignParameters>(codec); }
 
 const CodecRecord& sign_record() {
   static const CodecRecord record = {
@@ -131,17 +133,15 @@ const CodecRecord& sign_record() {
        SpecKey::number("momentum", "", 0.0, 0.999,
                        "all-reduces: compress each tensor's momentum u = m·u + x with error feedback instead of x "
                        "(1-bit SGD with momentum); use an optimizer without momentum (absent: off)")},
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kSign;
+      [](const Spec& spec) -> std::unique_ptr<Codec> {
+        SignParameters p;
         p.majority = spec.get_string("vote") == "majority";
         p.block = p.majority && !spec.has("block") ? 0 : spec.get_int("block");  // majority: plain signs
         if (p.majority && p.block != 0) {
           throw SpecError("gradzip: spec '" + spec.str() + "': vote=majority sends plain signs: block must be 0");
         }
-        return p;
+        return std::make_unique<SignCodec>(p);
       },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SignCodec>(p); },
       GRADZIP_DEVICE_HALF(kSignDevice),
   };
   return record;

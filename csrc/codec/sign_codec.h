@@ -10,6 +10,13 @@
 
 namespace gradzip {
 
+struct SignParameters {
+  int64_t block = 0;      // elements per scale (0: plain signs)
+  bool majority = false;  // vote=majority
+};
+// The parameters of a sign codec (std::logic_error for another codec).
+const SignParameters& sign_parameters(const Codec& codec);
+
 struct SignLayout {
   uint32_t block;
   uint64_t blocks;

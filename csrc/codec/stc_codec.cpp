@@ -19,11 +19,11 @@ StcLayout read_stc_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class StcCodec final : public SelectionCodec {
+class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
  public:
-  using SelectionCodec::SelectionCodec;
+  explicit StcCodec(const StcParameters& parameters) : SelectionCodec(CodecId::kStc, parameters) {}
   size_t max_payload_bytes(int64_t n) const override {
-    const int64_t max_k = max_selected(parameters_, n);
+    const int64_t max_k = max_selected(selection(), n);
     return kPayloadHeaderBytes + 12 + kPositionHeaderBytes + max_position_bytes(n, max_k) +
            wire::bytes_for_bits(max_k);
   }
@@ -60,11 +60,15 @@ class StcCodec final : public SelectionCodec {
   }
 };
 
+StcParameters parse_stc(const Spec& spec) { return {parse_selection(spec)}; }
+
 }  // namespace
+
+const StcParameters& stc_parameters(const Codec& codec) { return parameters_of<StcParameters>(codec); }
 
 const CodecRecord& stc_record() {
   static const CodecRecord record =
-      selection_record<CodecId::kStc, StcCodec>(
+      selection_record<CodecId::kStc, StcCodec, parse_stc>(
       "stc", "sparse ternary: top density·n positions (Golomb-coded) with one sign bit each and one mean",
       GRADZIP_DEVICE_HALF(kStcDevice));
   return record;

@@ -7,9 +7,16 @@
 
 #include "codec/codec_record.h"
 #include "codec/position_coding.h"
+#include "codec/selection_codec.h"
 #include "codec/wire.h"
 
 namespace gradzip {
+
+struct StcParameters {
+  SelectionParameters selection;
+};
+// The parameters of an stc codec (std::logic_error for another codec).
+const StcParameters& stc_parameters(const Codec& codec);
 
 struct StcLayout {
   uint64_t k;
@@ -19,7 +26,6 @@ struct StcLayout {
 };
 // The one parser of an stc payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 StcLayout read_stc_layout(wire::Reader& r, int64_t n);
-
 
 const CodecRecord& stc_record();
 extern const DeviceHalf kStcDevice;  // cuda/stc_encode.cu

@@ -152,9 +152,14 @@ SzLayout read_sz_layout(wire::Reader& r, int64_t n) {
   return layout;
 }
 
-class SzCodec final : public ValueCodec {
+struct SzParameters {
+  ErrorBoundParameters error_bound;
+  int predictor = 0;  // 0 auto, else kZeroPredictor or kLorenzoPredictor
+};
+
+class SzCodec final : public ValueCodec, public WithParameters<SzParameters> {
  public:
-  using ValueCodec::ValueCodec;
+  explicit SzCodec(const SzParameters& p) : ValueCodec(CodecId::kSz), WithParameters(p) {}
   bool biased() const override { return false; }
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + 1 + static_cast<size_t>(n) * 4; }
 
@@ -215,7 +220,7 @@ class SzCodec final : public ValueCodec {
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
-    const double eb = absolute_bound(parameters_, u, n, "sz");
+    const double eb = absolute_bound(parameters_.error_bound, u, n, "sz");
     const uint8_t predictor = choose_predictor(u, n);
     const bool lorenzo = predictor == kLorenzoPredictor;
     const double step = 2.0 * eb;
@@ -329,15 +334,12 @@ const CodecRecord& sz_record() {
                                        "auto: whichever predicts better"));
         return keys;
       }(),
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kSz;
-        parse_error_bound(spec, p);
+      [](const Spec& spec) -> std::unique_ptr<Codec> {
         const std::string predictor = spec.get_string("predictor");
-        p.predictor = predictor == "zero" ? kZeroPredictor : predictor == "lorenzo" ? kLorenzoPredictor : 0;
-        return p;
+        return std::make_unique<SzCodec>(SzParameters{
+            .error_bound = parse_error_bound(spec),
+            .predictor = predictor == "zero" ? kZeroPredictor : predictor == "lorenzo" ? kLorenzoPredictor : 0});
       },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<SzCodec>(p); },
       nullptr,
   };
   return record;

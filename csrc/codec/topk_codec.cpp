@@ -38,11 +38,11 @@ namespace {
 uint16_t to_wire(ValueType type, float v) { return math::compact_value_bits(v, type == ValueType::kFp16); }
 float from_wire(ValueType type, uint16_t v) { return math::compact_value(v, type == ValueType::kFp16); }
 
-class TopKCodec final : public SelectionCodec {
+class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
  public:
-  using SelectionCodec::SelectionCodec;
+  explicit TopKCodec(const TopKParameters& parameters) : SelectionCodec(CodecId::kTopK, parameters) {}
   size_t max_payload_bytes(int64_t n) const override {
-    const auto most = static_cast<size_t>(max_selected(parameters_, n));
+    const auto most = static_cast<size_t>(max_selected(selection(), n));
     if (compact()) return kPayloadHeaderBytes + 10 + kPositionHeaderBytes + max_position_bytes(n, most) + 2 * most;
     const size_t width = n <= (int64_t{1} << 32) ? 4 : 8;
     return kPayloadHeaderBytes + 9 + most * (width + 4);
@@ -127,24 +127,24 @@ class TopKCodec final : public SelectionCodec {
   }
 };
 
-CodecParameters parse_topk(const Spec& spec) {
-  CodecParameters p = parse_selection(CodecId::kTopK, spec);
+TopKParameters parse_topk(const Spec& spec) {
   const std::string values = spec.get_string("values");
-  p.values = values == "fp16" ? ValueType::kFp16 : values == "bf16" ? ValueType::kBf16 : ValueType::kFp32;
-  return p;
+  return {.selection = parse_selection(spec),
+          .values = values == "fp16" ? ValueType::kFp16 : values == "bf16" ? ValueType::kBf16 : ValueType::kFp32};
 }
 
 }  // namespace
 
+const TopKParameters& topk_parameters(const Codec& codec) { return parameters_of<TopKParameters>(codec); }
+
 const CodecRecord& topk_record() {
   static const CodecRecord record = [] {
-    CodecRecord r = selection_record<CodecId::kTopK, TopKCodec>(
+    CodecRecord r = selection_record<CodecId::kTopK, TopKCodec, parse_topk>(
         "topk", "the ceil(density·n) largest magnitudes as (position, value); approx=1 estimates the threshold",
         GRADZIP_DEVICE_HALF(kTopKDevice));
     r.keys.push_back(SpecKey::choice("values", "fp32", {"fp32", "fp16", "bf16"},
                                      "fp32: values with 4- or 8-byte indices; fp16, bf16: 2-byte values with "
                                      "Golomb-Rice coded positions (error feedback keeps the rounding)"));
-    r.parse = parse_topk;
     return r;
   }();
   return record;

@@ -6,9 +6,17 @@
 
 #include "codec/codec_record.h"
 #include "codec/position_coding.h"
+#include "codec/selection_codec.h"
 #include "codec/wire.h"
 
 namespace gradzip {
+
+struct TopKParameters {
+  SelectionParameters selection;
+  ValueType values = ValueType::kFp32;  // how values travel (fp16, bf16: positions coded too)
+};
+// The parameters of a topk codec (std::logic_error for another codec).
+const TopKParameters& topk_parameters(const Codec& codec);
 
 struct TopKLayout {
   uint64_t k;

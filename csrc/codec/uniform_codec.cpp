@@ -35,9 +35,9 @@ UniformLayout read_uniform_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
-class UniformCodec final : public ValueCodec {
+class UniformCodec final : public ValueCodec, public WithParameters<UniformParameters> {
  public:
-  using ValueCodec::ValueCodec;
+  explicit UniformCodec(const UniformParameters& p) : ValueCodec(CodecId::kUniform), WithParameters(p) {}
   bool biased() const override { return !parameters_.stochastic_rounding; }
   size_t max_payload_bytes(int64_t n) const override {
     const uint64_t quantized = 1 + 1 + 8 + wire::bytes_for_bits(static_cast<uint64_t>(n) * parameters_.bits);
@@ -121,6 +121,8 @@ class UniformCodec final : public ValueCodec {
 
 }  // namespace
 
+const UniformParameters& uniform_parameters(const Codec& codec) { return parameters_of<UniformParameters>(codec); }
+
 const CodecRecord& uniform_record() {
   static const CodecRecord record = {
       CodecId::kUniform,
@@ -130,15 +132,12 @@ const CodecRecord& uniform_record() {
        SpecKey::integer("threshold", "10000", 0, 1e18, "tensors of at most this many elements travel as fp32"),
        SpecKey::choice("rounding", "stochastic", {"stochastic", "nearest"},
                        "stochastic: unbiased, drawn from (seed, step, rank, element); nearest: deterministic")},
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kUniform;
-        p.bits = static_cast<int>(spec.get_int("bits"));
-        p.threshold = spec.get_int("threshold");
-        p.stochastic_rounding = spec.get_string("rounding") == "stochastic";
-        return p;
+      [](const Spec& spec) -> std::unique_ptr<Codec> {
+        return std::make_unique<UniformCodec>(
+            UniformParameters{.bits = static_cast<int>(spec.get_int("bits")),
+                              .threshold = spec.get_int("threshold"),
+                              .stochastic_rounding = spec.get_string("rounding") == "stochastic"});
       },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<UniformCodec>(p); },
       GRADZIP_DEVICE_HALF(kUniformDevice),
   };
   return record;

@@ -16,6 +16,14 @@
 
 namespace gradzip {
 
+struct UniformParameters {
+  int bits = 0;                     // per element
+  int64_t threshold = 0;            // tensors of at most this many elements go as fp32
+  bool stochastic_rounding = true;  // rounding=stochastic (else nearest)
+};
+// The parameters of a uniform codec (std::logic_error for another codec).
+const UniformParameters& uniform_parameters(const Codec& codec);
+
 constexpr uint8_t kUniformQuantized = 0, kUniformRaw = 1;
 
 struct UniformLayout {

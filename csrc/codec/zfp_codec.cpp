@@ -48,9 +48,9 @@ ZfpLayout read_zfp_layout(wire::Reader& r, int64_t n) {
   return layout;
 }
 
-class ZfpCodec final : public ValueCodec {
+class ZfpCodec final : public ValueCodec, public WithParameters<ErrorBoundParameters> {
  public:
-  using ValueCodec::ValueCodec;
+  explicit ZfpCodec(const ErrorBoundParameters& p) : ValueCodec(CodecId::kZfp), WithParameters(p) {}
   bool biased() const override { return false; }
   size_t max_payload_bytes(int64_t n) const override { return kPayloadHeaderBytes + 1 + static_cast<size_t>(n) * 4; }
 
@@ -149,13 +149,7 @@ const CodecRecord& zfp_record() {
       "zfp",
       "ZFP fixed-accuracy compression (libzfp) with every element checked against the error bound",
       error_bound_keys(),
-      [](const Spec& spec) {
-        CodecParameters p;
-        p.id = CodecId::kZfp;
-        parse_error_bound(spec, p);
-        return p;
-      },
-      [](const CodecParameters& p) -> std::unique_ptr<Codec> { return std::make_unique<ZfpCodec>(p); },
+      [](const Spec& spec) -> std::unique_ptr<Codec> { return std::make_unique<ZfpCodec>(parse_error_bound(spec)); },
       nullptr,
   };
   return record;

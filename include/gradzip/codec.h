@@ -58,14 +58,29 @@ enum class CodecId : uint8_t {
   kUniform = 12,
 };
 
-struct CodecParameters;  // what a spec sets (csrc/codec/codec_record.h)
+// The knob that sets a codec's size, which an aggregation may turn (per-layer budgets,
+// density warm-up): the share of elements sent (top-k, random-k, STC) or the number of
+// quantization levels (QSGD). Other codecs have none.
+enum class BudgetKind : uint8_t { kNone, kDensity, kLevels };
+inline constexpr int kMaxBudgetLevels = 32767;
+struct Budget {
+  BudgetKind kind = BudgetKind::kNone;
+  double value = 0.0;  // a density in (0, 1], or whole levels in [1, kMaxBudgetLevels]
+};
 
 class Codec {
  public:
   virtual ~Codec() = default;
   virtual CodecId id() const = 0;
   virtual std::string name() const = 0;
-  virtual const CodecParameters& parameters() const = 0;
+  // The codec's size knob (kind kNone: none).
+  virtual Budget budget() const { return {}; }
+  // The same codec with its knob at `value` (of budget()'s kind, within its range).
+  // Throws std::invalid_argument for a codec without a knob or a value out of range.
+  virtual std::unique_ptr<Codec> with_budget(double value) const;
+  // True when the sum of payloads is a vote, whose sign is the result (sign with
+  // vote=majority): the aggregation takes the sign of the sum rather than averaging it.
+  virtual bool votes() const { return false; }
   // True when the codec is biased and error feedback is on by default (top-k, STC, sign).
   virtual bool biased() const = 0;
   // True when an Inf or NaN in x always makes some decoded value non-finite (false for

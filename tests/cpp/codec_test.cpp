@@ -15,6 +15,7 @@
 #include "codec/codec_base.h"
 #include "codec/codec_record.h"
 #include "codec/element_math.cuh"
+#include "codec/qsgd_codec.h"
 
 namespace gradzip {
 namespace {
@@ -355,8 +356,9 @@ TEST(CodecTest, QsgdDecodePathsAgreeAndRefuseHighLevels) {
     const auto decoded = decode(payload, 1001);
     // The reference: each element from its code, as the wire format defines it.
     const auto codec = make_codec(parse_spec(spec));
-    const int width = codec->parameters().levels == 5 ? 4 : 8;
-    const int64_t bucket = codec->parameters().bucket, buckets = (1001 + bucket - 1) / bucket;
+    const QsgdParameters& parameters = qsgd_parameters(*codec);
+    const int width = parameters.levels == 5 ? 4 : 8;
+    const int64_t bucket = parameters.bucket, buckets = (1001 + bucket - 1) / bucket;
     const size_t codes_at = kPayloadHeaderBytes + 8 + 4 * buckets;
     for (int64_t i = 0; i < 1001; ++i) {
       const uint64_t bit = static_cast<uint64_t>(i) * width;
@@ -364,7 +366,7 @@ TEST(CodecTest, QsgdDecodePathsAgreeAndRefuseHighLevels) {
       float norm;
       std::memcpy(&norm, payload.data() + kPayloadHeaderBytes + 8 + 4 * (i / bucket), 4);
       const uint32_t sign = 1u << (width - 1), level = code & (sign - 1);
-      const float magnitude = 1.0f * norm / static_cast<float>(codec->parameters().levels) * static_cast<float>(level);
+      const float magnitude = 1.0f * norm / static_cast<float>(parameters.levels) * static_cast<float>(level);
       ASSERT_EQ(decoded[i], (code & sign) ? -magnitude : magnitude) << spec << " element " << i;
     }
     payload[codes_at + 1] = static_cast<uint8_t>(width == 4 ? 0x70 : 0x7F);  // level 7 (of 5) or 127 (of 100)

@@ -145,7 +145,7 @@ TEST(LayerBudgetTest, ACodecsLevelsSurroundItsOwn) {
   ASSERT_EQ(topk.codecs.size(), 13u);
   EXPECT_EQ(topk.base, 6);
   for (int l = 0; l < 13; ++l) {
-    EXPECT_DOUBLE_EQ(topk.codecs[l]->parameters().density, 0.01 * std::exp2((l - 6) / 2.0));
+    EXPECT_DOUBLE_EQ(topk.codecs[l]->budget().value, 0.01 * std::exp2((l - 6) / 2.0));
     if (l > 0) EXPECT_GT(slot_bytes(*topk.codecs[l], 100000), slot_bytes(*topk.codecs[l - 1], 100000));
   }
   // Densities above 1 are left out (0.5: 1/16 .. 1).
@@ -153,7 +153,7 @@ TEST(LayerBudgetTest, ACodecsLevelsSurroundItsOwn) {
   // QSGD: levels + 1 halved or doubled, 1 level at the least (bits=4: 7 levels).
   const CodecLevels qsgd = codec_levels(codec("qsgd:bits=4"));
   std::vector<int> counts;
-  for (const auto& c : qsgd.codecs) counts.push_back(c->parameters().levels);
+  for (const auto& c : qsgd.codecs) counts.push_back(static_cast<int>(c->budget().value));
   EXPECT_EQ(counts, (std::vector<int>{1, 3, 7, 15, 31, 63}));
   EXPECT_EQ(qsgd.base, 2);
   EXPECT_FALSE(has_levels(*codec("sign")));
@@ -172,7 +172,7 @@ TEST(LayerBudgetTest, LevelErrorsAreTheSquaredDistanceToTheDecodedPayload) {
   const at::Tensor sorted = std::get<0>(x.to(at::kDouble).pow(2).sort(0, /*descending=*/true));
   for (size_t l = 0; l < errors.size(); ++l) {
     // Top-k at density d leaves the n − k smallest squares.
-    const auto k = static_cast<int64_t>(std::ceil(levels.codecs[l]->parameters().density * static_cast<double>(n)));
+    const auto k = static_cast<int64_t>(std::ceil(levels.codecs[l]->budget().value * static_cast<double>(n)));
     const double expected = sorted.narrow(0, k, n - k).sum().item<double>();
     EXPECT_NEAR(errors[l], expected, 1e-9 * expected) << "level " << l;
     if (l > 0) EXPECT_LT(errors[l], errors[l - 1]);
