@@ -2,6 +2,9 @@
 #include "gradzip/aggregation.h"
 
 #include <algorithm>
+#include <memory>
+#include <mutex>
+#include <utility>
 
 #include "aggregate/compressed_allreduce.h"
 #include "aggregate/exact_allreduce.h"
@@ -47,49 +50,60 @@ const AggregationKind& find_kind(const Spec& spec) {
   return *kind;
 }
 
+// The kinds: exact, one per registered codec, the decentralized ones.
+std::vector<AggregationKind> every_kind() {
+  using Kind = AggregationKind;
+  std::vector<Kind> all = {{.name = "allreduce",
+                            .summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)",
+                            .keys = {},
+                            .check = {},
+                            .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                              return std::make_unique<ExactAllreduce>(spec);
+                            }}};
+  // Every codec is also an aggregation: its payloads exchanged, decoded and reduced.
+  for (const auto* codec : codec_records()) {
+    all.push_back({.name = codec->name,
+                   .summary = codec->summary,
+                   .keys = compressed_aggregation_keys(),
+                   .codec_from = Kind::CodecFrom::kName,
+                   .check = check_compressed_spec,
+                   .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                     return std::make_unique<CompressedAllreduce>(spec);
+                   }});
+  }
+  all.push_back({.name = "gossip",
+                 .summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
+                 .keys = topology_keys(),
+                 .decentralized = true,
+                 .check = [](const BoundSpec& spec) { check_topology_spec(spec.spec()); },
+                 .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                   return std::make_unique<GossipAverage>(spec);
+                 }});
+  all.push_back({.name = "choco",
+                 .summary = "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences",
+                 .keys = choco_keys(),
+                 .codec_from = Kind::CodecFrom::kCompressKey,
+                 .decentralized = true,
+                 .check = [](const BoundSpec& spec) { check_choco_spec(spec.spec()); },
+                 .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
+                   return std::make_unique<ChocoGossip>(spec);
+                 }});
+  return all;
+}
+
 }  // namespace
 
 const std::vector<AggregationKind>& aggregation_kinds() {
-  static const std::vector<AggregationKind> kinds = [] {
-    using Kind = AggregationKind;
-    std::vector<Kind> all = {{.name = "allreduce",
-                              .summary = "exact all-reduce by the transport (Gloo for CPU, NCCL for CUDA)",
-                              .keys = {},
-                              .check = {},
-                              .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-                                return std::make_unique<ExactAllreduce>(spec);
-                              }}};
-    // Every codec is also an aggregation: its payloads exchanged, decoded and reduced.
-    for (const auto* codec : codec_records()) {
-      all.push_back({.name = codec->name,
-                     .summary = codec->summary,
-                     .keys = compressed_aggregation_keys(),
-                     .codec_from = Kind::CodecFrom::kName,
-                     .check = check_compressed_spec,
-                     .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-                       return std::make_unique<CompressedAllreduce>(spec);
-                     }});
-    }
-    all.push_back({.name = "gossip",
-                   .summary = "decentralized: each rank averages with its neighbours in the topology (D-PSGD)",
-                   .keys = topology_keys(),
-                   .decentralized = true,
-                   .check = [](const BoundSpec& spec) { check_topology_spec(spec.spec()); },
-                   .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-                     return std::make_unique<GossipAverage>(spec);
-                   }});
-    all.push_back({.name = "choco",
-                   .summary = "decentralized, compressed: CHOCO-SGD gossip of codec-compressed differences",
-                   .keys = choco_keys(),
-                   .codec_from = Kind::CodecFrom::kCompressKey,
-                   .decentralized = true,
-                   .check = [](const BoundSpec& spec) { check_choco_spec(spec.spec()); },
-                   .make = [](const BoundSpec& spec) -> std::unique_ptr<Aggregation> {
-                     return std::make_unique<ChocoGossip>(spec);
-                   }});
-    return all;
-  }();
-  return kinds;
+  // Built again when a codec was registered since (register_codec); the lists built
+  // before stay, for the BoundSpecs that point into them.
+  static std::mutex mutex;
+  static std::vector<std::pair<size_t, std::unique_ptr<const std::vector<AggregationKind>>>> lists;
+  const std::lock_guard lock(mutex);
+  const size_t codecs = codec_records().size();
+  if (lists.empty() || lists.back().first != codecs) {
+    lists.emplace_back(codecs, std::make_unique<const std::vector<AggregationKind>>(every_kind()));
+  }
+  return *lists.back().second;
 }
 
 std::vector<SpecKey> all_keys(const AggregationKind& kind) {
