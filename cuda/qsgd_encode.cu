@@ -20,7 +20,6 @@ namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr size_t kFixedBytes = kPayloadHeaderBytes + 1 + 2 + 1 + 4;
 
 __global__ void __launch_bounds__(kThreads)
     qsgd_norms(const float* u, int64_t n, int64_t bucket, int64_t buckets, bool max_norm, float* norms) {
@@ -178,27 +177,18 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-size_t qsgd_payload_bytes(int64_t n, int levels, int64_t bucket) {
-  const int64_t buckets = (n + bucket - 1) / bucket;
-  return kFixedBytes + 4 * static_cast<size_t>(buckets) +
-         wire::bytes_for_bits(static_cast<uint64_t>(n) * static_cast<uint64_t>(qsgd_code_width(levels)));
-}
-
 void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t bucket, bool max_norm,
                  uint64_t seed, uint64_t step, uint32_t rank, uint8_t* payload, cudaStream_t stream) {
-  const int width = qsgd_code_width(levels);
+  const QsgdLayout layout = qsgd_layout(n, levels, max_norm, bucket);
+  const int width = layout.width;
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kQsgd, static_cast<uint64_t>(n));
-  w.put<uint8_t>(static_cast<uint8_t>(width));
-  w.put<uint16_t>(static_cast<uint16_t>(levels));
-  w.put<uint8_t>(max_norm ? 1 : 0);
-  w.put<uint32_t>(static_cast<uint32_t>(bucket));
+  write_qsgd_fields(w, n, layout);
   write_fixed_fields(payload, fields, stream);
   if (n <= 0) return;
-  const int64_t buckets = (n + bucket - 1) / bucket;
-  auto* norms = reinterpret_cast<float*>(payload + kFixedBytes);
-  auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * buckets);
+  const auto buckets = static_cast<int64_t>(layout.buckets);
+  auto* norms = reinterpret_cast<float*>(payload + layout.norms.offset);
+  auto* words = reinterpret_cast<uint32_t*>(payload + layout.codes.offset);
   if (bucket % 32 == 0 && bucket <= kMaxFusedBucket) {
     const size_t staged = sizeof(uint32_t) * static_cast<size_t>(bucket + bucket * width / 32) * (kThreads / 32);
     qsgd_fused<<<blocks_for(buckets, kThreads / 32), kThreads, staged, stream>>>(
@@ -209,7 +199,7 @@ void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t
   }
   if (residual) make_u(residual, x, n, stream);
   const float* u = residual ? residual : x;
-  const size_t code_bytes = wire::bytes_for_bits(static_cast<uint64_t>(n) * width);
+  const size_t code_bytes = layout.codes.bytes;
   check(cudaMemsetAsync(words, 0, (code_bytes + 3) / 4 * 4, stream), "clearing the QSGD codes");
   qsgd_norms<<<blocks_for(buckets * kLanes, kThreads), kThreads, 0, stream>>>(u, n, bucket, buckets, max_norm, norms);
   check_launch("qsgd_norms");
@@ -230,7 +220,7 @@ DevicePayload qsgd_device_encode(const Codec& qsgd, const float* x, int64_t n, f
                                  const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
   const QsgdParameters& codec = qsgd_parameters(qsgd);
   DevicePayload payload;
-  payload.size = cuda::qsgd_payload_bytes(n, codec.levels, codec.bucket);
+  payload.size = qsgd_layout(n, codec.levels, codec.max_norm, codec.bucket).bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   cuda::encode_qsgd(x, residual, n, codec.levels, codec.bucket, codec.max_norm, ctx.seed, ctx.step, ctx.rank,
                     payload.data, stream);

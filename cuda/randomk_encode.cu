@@ -17,7 +17,6 @@ namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr size_t kFixedBytes = kPayloadHeaderBytes + 8 + 8 + 8 + 4;  // values follow, 4-byte aligned
 
 __global__ void __launch_bounds__(kThreads)
     randomk_gather(const float* u, const int64_t* indices, int64_t k, float value_scale, float* values,
@@ -57,24 +56,20 @@ namespace {
 DevicePayload randomk_device_encode(const Codec& randomk, const float* x, int64_t n, float* residual,
                                     const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
   const RandomKParameters& codec = randomk_parameters(randomk);
-  const int64_t k = count_for_density(codec.density, n);
-  const float value_scale = codec.unbiased && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f;
+  const RandomKLayout layout = randomk_layout(n, codec, ctx.seed, ctx.step);
+  const auto k = static_cast<int64_t>(layout.k);
   DevicePayload payload;
-  payload.size = cuda::kFixedBytes + 4 * static_cast<size_t>(k);
+  payload.size = layout.bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kRandomK, static_cast<uint64_t>(n));
-  w.put<uint64_t>(static_cast<uint64_t>(k));
-  w.put<uint64_t>(ctx.seed);
-  w.put<uint64_t>(ctx.step);
-  w.put<float>(value_scale);
+  write_randomk_fields(w, n, layout);
   cuda::write_fixed_fields(payload.data, fields, stream);
   if (residual) cuda::make_u(residual, x, n, stream);
   if (k <= 0) return payload;
   const int64_t* indices = cuda::indices_on_device(n, k, ctx.seed, ctx.step, arena, stream);
   cuda::randomk_gather<<<cuda::blocks_for(k, cuda::kThreads), cuda::kThreads, 0, stream>>>(
-      residual ? residual : x, indices, k, value_scale, reinterpret_cast<float*>(payload.data + cuda::kFixedBytes),
+      residual ? residual : x, indices, k, layout.value_scale, reinterpret_cast<float*>(payload.data + layout.values.offset),
       residual);
   cuda::check_launch("randomk_gather");
   return payload;

@@ -18,7 +18,6 @@ namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr size_t kFixedBytes = kPayloadHeaderBytes + 4;
 
 // One scale per block of `block` elements: ‖u_block‖₁ / length; with `x`, makes
 // u = residual + x in place first (the lanes own disjoint elements).
@@ -97,21 +96,16 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-size_t sign_payload_bytes(int64_t n, int64_t block) {
-  const int64_t blocks = block ? (n + block - 1) / block : 0;
-  return kFixedBytes + 4 * static_cast<size_t>(blocks) + wire::bytes_for_bits(static_cast<uint64_t>(n));
-}
-
 void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream) {
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kSign, static_cast<uint64_t>(n));
-  w.put<uint32_t>(static_cast<uint32_t>(block));
+  write_sign_fields(w, n, block);
   write_fixed_fields(payload, fields, stream);
   if (n <= 0) return;
-  const int64_t blocks = block ? (n + block - 1) / block : 0;
-  auto* scales = reinterpret_cast<float*>(payload + kFixedBytes);
-  auto* words = reinterpret_cast<uint32_t*>(payload + kFixedBytes + 4 * blocks);
+  const SignLayout layout = sign_layout(n, block);
+  const auto blocks = static_cast<int64_t>(layout.blocks);
+  auto* scales = reinterpret_cast<float*>(payload + layout.scales.offset);
+  auto* words = reinterpret_cast<uint32_t*>(payload + layout.bits.offset);
   if (blocks && block % 32 == 0 && block <= kMaxFusedBlock) {
     const size_t staged = sizeof(float) * static_cast<size_t>(block) * (kThreads / 32);
     sign_fused<<<blocks_for(blocks, kThreads / 32), kThreads, staged, stream>>>(x, residual, n, block, blocks, scales,
@@ -141,7 +135,7 @@ DevicePayload sign_device_encode(const Codec& sign, const float* x, int64_t n, f
                                  const EncodeContext&, DeviceArena& arena, cudaStream_t stream) {
   const SignParameters& codec = sign_parameters(sign);
   DevicePayload payload;
-  payload.size = cuda::sign_payload_bytes(n, codec.block);
+  payload.size = sign_layout(n, codec.block).bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   cuda::encode_sign(x, residual, n, codec.block, payload.data, stream);
   return payload;

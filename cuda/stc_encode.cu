@@ -21,8 +21,6 @@ namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr size_t kFixedBytes = kPayloadHeaderBytes + 8 + 4 + 1 + 1 + 8;  // through "position bytes"
-constexpr size_t kMuOffset = kPayloadHeaderBytes + 8;                      // 4-byte aligned
 
 struct Scratch {
   uint64_t* code_bits;  // count
@@ -152,7 +150,6 @@ StcPlan stc_plan(int64_t n, const int64_t* indices, int64_t count, void* scratch
   const uint64_t golomb_bytes = wire::bytes_for_bits(plan.golomb_bits);
   plan.bitmap = golomb_bytes > wire::bytes_for_bits(static_cast<uint64_t>(n));
   plan.position_bytes = plan.bitmap ? wire::bytes_for_bits(static_cast<uint64_t>(n)) : golomb_bytes;
-  plan.payload_bytes = kFixedBytes + plan.position_bytes + wire::bytes_for_bits(static_cast<uint64_t>(count));
   return plan;
 }
 
@@ -177,25 +174,21 @@ void write_positions_on_device(const StcPlan& plan, int64_t n, const int64_t* in
 void write_stc_payload(const StcPlan& plan, const float* u, int64_t n, const int64_t* indices, int64_t count,
                        float* residual, uint8_t* payload, void* scratch, cudaStream_t stream) {
   const Scratch s(scratch, n, count);
+  const StcLayout layout = stc_layout(static_cast<uint64_t>(count), 0.0f, plan.coding());  // μ: stc_mean below
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kStc, static_cast<uint64_t>(n));
-  w.put<uint64_t>(static_cast<uint64_t>(count));
-  w.put<float>(0.0f);  // μ, written by stc_mean below
-  w.put<uint8_t>(plan.bitmap ? 1 : 0);
-  w.put<uint8_t>(static_cast<uint8_t>(plan.golomb_parameter));
-  w.put<uint64_t>(plan.position_bytes);
+  write_stc_fields(w, n, layout);
   write_fixed_fields(payload, fields, stream);
-  auto* mu = reinterpret_cast<float*>(payload + kMuOffset);
+  auto* mu = reinterpret_cast<float*>(payload + layout.mean.offset);  // 4-byte aligned
   stc_lane_sums<<<kMeanBlocks, math::kStcMeanLanes / kMeanBlocks, 0, stream>>>(u, indices, count, s.lanes);
   check_launch("stc_lane_sums");
   stc_mean<<<1, 1, 0, stream>>>(s.lanes, count, mu);
   check_launch("stc_mean");
   if (count <= 0) return;
-  write_positions_on_device(plan, n, indices, count, payload + kFixedBytes, scratch, stream);
+  write_positions_on_device(plan, n, indices, count, payload + layout.positions.bytes.offset, scratch, stream);
   stc_signs<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(u, indices, count, mu, s.signs, residual);
   check_launch("stc_signs");
-  check(cudaMemcpyAsync(payload + kFixedBytes + plan.position_bytes, s.signs, wire::bytes_for_bits(count),
+  check(cudaMemcpyAsync(payload + layout.signs.offset, s.signs, layout.signs.bytes,
                         cudaMemcpyDeviceToDevice, stream),
         "copying the sign bits");
 }
@@ -211,7 +204,7 @@ DevicePayload stc_device_encode(const Codec& stc, const float* x, int64_t n, flo
   void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
   const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
   DevicePayload payload;
-  payload.size = plan.payload_bytes;
+  payload.size = stc_layout(static_cast<uint64_t>(chosen.count), 0.0f, plan.coding()).bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   cuda::write_stc_payload(plan, chosen.u, n, chosen.indices, chosen.count, residual, payload.data, scratch, stream);
   return payload;

@@ -16,8 +16,6 @@ namespace {
 
 constexpr int kThreads = 256;
 
-int index_width(int64_t n) { return n <= (int64_t{1} << 32) ? 4 : 8; }
-
 __global__ void __launch_bounds__(kThreads)
     write_topk_entries(const float* u, const int64_t* indices, int64_t count, int width, uint8_t* index_bytes,
                        uint8_t* value_bytes, float* residual) {
@@ -44,33 +42,22 @@ __global__ void __launch_bounds__(kThreads)
   if (residual) residual[i] = v + -1.0f * math::compact_value(bits, fp16);
 }
 
-// The fixed part of a compact payload: header, k, 0 (no index width), the value type,
-// the positions' coding, b and byte count.
-constexpr size_t kCompactFixedBytes = kPayloadHeaderBytes + 8 + 1 + 1 + 1 + 1 + 8;
-
 }  // namespace
 
 uint8_t* payload_memory(DeviceArena& arena, size_t size) {
   return static_cast<uint8_t*>(arena.payload(size < 8 ? 8 : (size + 7) / 8 * 8));
 }
 
-size_t topk_payload_bytes(int64_t n, int64_t count) {
-  return kPayloadHeaderBytes + 8 + 1 + static_cast<size_t>(count) * (index_width(n) + 4);
-}
-
 void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64_t count, float* residual,
                         uint8_t* payload, cudaStream_t stream) {
-  const int width = index_width(n);
+  const TopKLayout layout = topk_layout(static_cast<uint64_t>(count), topk_index_width(n));
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kTopK, static_cast<uint64_t>(n));
-  w.put<uint64_t>(static_cast<uint64_t>(count));
-  w.put<uint8_t>(static_cast<uint8_t>(width));
+  write_topk_fields(w, n, layout);
   write_fixed_fields(payload, fields, stream);
   if (count <= 0) return;
-  uint8_t* index_bytes = payload + fields.size();
   write_topk_entries<<<blocks_for(count, kThreads), kThreads, 0, stream>>>(
-      u, indices, count, width, index_bytes, index_bytes + count * width, residual);
+      u, indices, count, layout.width, payload + layout.indices.offset, payload + layout.values.offset, residual);
   check_launch("write_topk_entries");
 }
 
@@ -85,25 +72,20 @@ DevicePayload compact_device_encode(const TopKParameters& codec, const cuda::Sel
                                     float* residual, DeviceArena& arena, cudaStream_t stream) {
   void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
   const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
+  const TopKLayout layout = compact_topk_layout(static_cast<uint64_t>(chosen.count), codec.values, plan.coding());
   DevicePayload payload;
-  payload.size = cuda::kCompactFixedBytes + plan.position_bytes + 2 * static_cast<size_t>(chosen.count);
+  payload.size = layout.bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kTopK, static_cast<uint64_t>(n));
-  w.put<uint64_t>(static_cast<uint64_t>(chosen.count));
-  w.put<uint8_t>(0);
-  w.put<uint8_t>(static_cast<uint8_t>(codec.values));
-  w.put<uint8_t>(plan.bitmap ? kBitmapPositions : kGolombPositions);
-  w.put<uint8_t>(static_cast<uint8_t>(plan.golomb_parameter));
-  w.put<uint64_t>(plan.position_bytes);
+  write_topk_fields(w, n, layout);
   cuda::write_fixed_fields(payload.data, fields, stream);
   if (chosen.count <= 0) return payload;
-  cuda::write_positions_on_device(plan, n, chosen.indices, chosen.count, payload.data + cuda::kCompactFixedBytes,
+  cuda::write_positions_on_device(plan, n, chosen.indices, chosen.count, payload.data + layout.positions.bytes.offset,
                                   scratch, stream);
   cuda::write_compact_values<<<cuda::blocks_for(chosen.count, cuda::kThreads), cuda::kThreads, 0, stream>>>(
-      chosen.u, chosen.indices, chosen.count, codec.values == ValueType::kFp16,
-      payload.data + cuda::kCompactFixedBytes + plan.position_bytes, residual);
+      chosen.u, chosen.indices, chosen.count, codec.values == ValueType::kFp16, payload.data + layout.values.offset,
+      residual);
   cuda::check_launch("write_compact_values");
   return payload;
 }
@@ -114,7 +96,7 @@ DevicePayload topk_device_encode(const Codec& topk, const float* x, int64_t n, f
   const cuda::Selection chosen = cuda::select_on_device(codec.selection, x, n, residual, arena, stream);
   if (codec.values != ValueType::kFp32) return compact_device_encode(codec, chosen, n, residual, arena, stream);
   DevicePayload payload;
-  payload.size = cuda::topk_payload_bytes(n, chosen.count);
+  payload.size = topk_layout(static_cast<uint64_t>(chosen.count), topk_index_width(n)).bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   cuda::write_topk_payload(chosen.u, n, chosen.indices, chosen.count, residual, payload.data, stream);
   return payload;

@@ -15,8 +15,6 @@ namespace gradzip::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr size_t kQuantizedFixedBytes = kPayloadHeaderBytes + 1 + 1 + 4 + 4;  // header, format, bits, min, max
-constexpr size_t kRawFixedBytes = kPayloadHeaderBytes + 1;
 
 // Floats as unsigned keys whose order is the floats' order (finite inputs: the
 // aggregations check finiteness before they encode).
@@ -60,10 +58,11 @@ __global__ void uniform_clear_extremes(uint32_t* extremes) {
 }
 
 // Writes min and max into the payload's fixed fields (bytes 18..25).
-__global__ void uniform_store_extremes(const uint32_t* extremes, uint8_t* payload) {
+// Writes min and max at `at` (the payload's extremes section).
+__global__ void uniform_store_extremes(const uint32_t* extremes, uint8_t* at) {
   if (threadIdx.x == 0) {
-    store_le(payload + kPayloadHeaderBytes + 2, math::float_bits(math::uniform_extreme(key_float(extremes[0]))), 4);
-    store_le(payload + kPayloadHeaderBytes + 6, math::float_bits(math::uniform_extreme(key_float(extremes[1]))), 4);
+    store_le(at, math::float_bits(math::uniform_extreme(key_float(extremes[0]))), 4);
+    store_le(at + 4, math::float_bits(math::uniform_extreme(key_float(extremes[1]))), 4);
   }
 }
 
@@ -121,38 +120,34 @@ namespace {
 DevicePayload uniform_device_encode(const Codec& uniform, const float* x, int64_t n, float* residual,
                                     const EncodeContext& ctx, DeviceArena& arena, cudaStream_t stream) {
   const UniformParameters& codec = uniform_parameters(uniform);
-  const bool raw = n <= codec.threshold;
+  // The kernels take 8-bit codes (uniform_device_accepts); min and max are written on
+  // the device below.
+  const UniformLayout layout = uniform_layout(n, n <= codec.threshold ? kUniformRaw : kUniformQuantized, 8, 0.0f, 0.0f);
   DevicePayload payload;
-  payload.size = raw ? cuda::kRawFixedBytes + 4 * static_cast<size_t>(n) : cuda::kQuantizedFixedBytes + static_cast<size_t>(n);
+  payload.size = layout.bytes;
   payload.data = cuda::payload_memory(arena, payload.size);
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
-  w.header(CodecId::kUniform, static_cast<uint64_t>(n));
-  if (raw) {
-    w.put<uint8_t>(kUniformRaw);
-    cuda::write_fixed_fields(payload.data, fields, stream);
+  write_uniform_fields(w, n, layout);
+  cuda::write_fixed_fields(payload.data, fields, stream);
+  if (layout.format == kUniformRaw) {
     if (n > 0) {
       cuda::uniform_raw<<<cuda::blocks_for(n, cuda::kThreads), cuda::kThreads, 0, stream>>>(
-          x, residual, n, payload.data + cuda::kRawFixedBytes);
+          x, residual, n, payload.data + layout.raw.offset);
       cuda::check_launch("uniform_raw");
     }
     return payload;
   }
-  w.put<uint8_t>(kUniformQuantized);
-  w.put<uint8_t>(8);
-  w.put<float>(0.0f);  // min and max: written on the device below
-  w.put<float>(0.0f);
-  cuda::write_fixed_fields(payload.data, fields, stream);
   auto* extremes = static_cast<uint32_t*>(arena.allocate(2 * sizeof(uint32_t)));
   cuda::uniform_clear_extremes<<<1, 32, 0, stream>>>(extremes);
   cuda::check_launch("uniform_clear_extremes");
   cuda::uniform_extremes<<<cuda::grid_for(n, cuda::kThreads), cuda::kThreads, 0, stream>>>(x, residual, n, extremes);
   cuda::check_launch("uniform_extremes");
-  cuda::uniform_store_extremes<<<1, 32, 0, stream>>>(extremes, payload.data);
+  cuda::uniform_store_extremes<<<1, 32, 0, stream>>>(extremes, payload.data + layout.extremes.offset);
   cuda::check_launch("uniform_store_extremes");
   cuda::uniform_codes<<<cuda::blocks_for((n + 3) / 4, cuda::kThreads), cuda::kThreads, 0, stream>>>(
       x, residual, n, extremes, codec.stochastic_rounding, ctx.seed, static_cast<uint32_t>(ctx.step), ctx.rank,
-      payload.data + cuda::kQuantizedFixedBytes);
+      payload.data + layout.codes.offset);
   cuda::check_launch("uniform_codes");
   return payload;
 }

@@ -42,9 +42,10 @@ uint64_t max_position_bytes(int64_t n, int64_t max_k) {
   return std::min<uint64_t>(most, wire::bytes_for_bits(n));
 }
 
-void write_positions(wire::Writer& w, const std::vector<int64_t>& chosen, int64_t n) {
+CodedPositions code_positions(const std::vector<int64_t>& chosen, int64_t n) {
   const int b = golomb_parameter(static_cast<int64_t>(chosen.size()), n);
-  std::vector<uint8_t> golomb;
+  CodedPositions coded;
+  std::vector<uint8_t>& golomb = coded.bytes;
   bitpack::BitWriter bits(golomb);
   int64_t previous = -1;
   for (int64_t i : chosen) {
@@ -55,17 +56,24 @@ void write_positions(wire::Writer& w, const std::vector<int64_t>& chosen, int64_
     previous = i;
   }
   bits.flush();
-  const bool bitmap = golomb.size() > wire::bytes_for_bits(n);
-  w.put<uint8_t>(bitmap ? kBitmapPositions : kGolombPositions);
-  w.put<uint8_t>(static_cast<uint8_t>(b));
-  if (bitmap) {
-    w.put<uint64_t>(wire::bytes_for_bits(n));
-    uint8_t* map = w.reserve(wire::bytes_for_bits(n));
-    for (int64_t i : chosen) map[i / 8] |= static_cast<uint8_t>(1u << (i % 8));
-  } else {
-    w.put<uint64_t>(golomb.size());
-    if (!golomb.empty()) std::memcpy(w.reserve(golomb.size()), golomb.data(), golomb.size());
+  coded.coding.golomb_parameter = b;
+  coded.coding.bitmap = golomb.size() > wire::bytes_for_bits(n);
+  if (coded.coding.bitmap) {
+    coded.bytes.assign(wire::bytes_for_bits(n), 0);
+    for (int64_t i : chosen) coded.bytes[static_cast<size_t>(i / 8)] |= static_cast<uint8_t>(1u << (i % 8));
   }
+  coded.coding.bytes = coded.bytes.size();
+  return coded;
+}
+
+void write_position_header(wire::Writer& w, const PositionCoding& coding) {
+  w.put<uint8_t>(coding.bitmap ? kBitmapPositions : kGolombPositions);
+  w.put<uint8_t>(static_cast<uint8_t>(coding.golomb_parameter));
+  w.put<uint64_t>(coding.bytes);
+}
+
+PositionLayout position_layout(uint64_t at, const PositionCoding& coding) {
+  return {coding.bitmap, coding.golomb_parameter, {at + kPositionHeaderBytes, coding.bytes}};
 }
 
 PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k) {

@@ -24,14 +24,30 @@ int golomb_parameter(int64_t k, int64_t n);
 // The most position bytes (header excluded) that at most max_k positions among n take.
 uint64_t max_position_bytes(int64_t n, int64_t max_k);
 
-// Appends the position header and the positions of `chosen` (ascending, below n).
-void write_positions(wire::Writer& w, const std::vector<int64_t>& chosen, int64_t n);
+// How k positions travel: the coding, b, and the bytes that follow the position header
+// (chosen by code_positions on the host, by the CUDA planner on the device).
+struct PositionCoding {
+  bool bitmap = false;
+  int golomb_parameter = 0;
+  uint64_t bytes = 0;
+};
+// The positions of `chosen` (ascending, below n): Golomb-Rice, or the bitmap when smaller.
+struct CodedPositions {
+  PositionCoding coding;
+  std::vector<uint8_t> bytes;
+};
+CodedPositions code_positions(const std::vector<int64_t>& chosen, int64_t n);
+// Appends the position header of `coding` (its bytes follow it).
+void write_position_header(wire::Writer& w, const PositionCoding& coding);
 
 struct PositionLayout {
   bool bitmap;
   int golomb_parameter;
   wire::Section bytes;
+  PositionCoding coding() const { return {bitmap, golomb_parameter, bytes.bytes}; }
 };
+// Where positions coded so lie when their header starts at offset `at`.
+PositionLayout position_layout(uint64_t at, const PositionCoding& coding);
 // Reads and checks the position header of k positions among n and takes their section.
 // Throws PayloadError.
 PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k);

@@ -14,22 +14,42 @@ int qsgd_code_width(int levels) {
   return bits + 1;  // + the sign bit
 }
 
+QsgdLayout qsgd_layout(int64_t n, int levels, bool max_norm, int64_t bucket) {
+  QsgdLayout layout;
+  layout.width = qsgd_code_width(levels);
+  layout.levels = static_cast<uint32_t>(levels);
+  layout.max_norm = max_norm;
+  layout.bucket = static_cast<uint32_t>(bucket);
+  layout.buckets = (static_cast<uint64_t>(n) + layout.bucket - 1) / layout.bucket;
+  layout.norms = {kPayloadHeaderBytes + 8, layout.buckets * 4};
+  layout.codes = {layout.norms.offset + layout.norms.bytes,
+                  wire::bytes_for_bits(static_cast<uint64_t>(n) * static_cast<uint64_t>(layout.width))};
+  layout.bytes = layout.codes.offset + layout.codes.bytes;
+  return layout;
+}
+
+void write_qsgd_fields(wire::Writer& w, int64_t n, const QsgdLayout& layout) {
+  w.header(CodecId::kQsgd, static_cast<uint64_t>(n));
+  w.put<uint8_t>(static_cast<uint8_t>(layout.width));
+  w.put<uint16_t>(static_cast<uint16_t>(layout.levels));
+  w.put<uint8_t>(layout.max_norm ? 1 : 0);
+  w.put<uint32_t>(layout.bucket);
+}
+
 QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kQsgd, n);
-  QsgdLayout layout;
-  layout.width = r.get<uint8_t>("code width");
-  layout.levels = r.get<uint16_t>("levels");
+  const uint8_t width = r.get<uint8_t>("code width");
+  const uint16_t levels = r.get<uint16_t>("levels");
   const uint8_t norm = r.get<uint8_t>("norm");
-  layout.bucket = r.get<uint32_t>("bucket");
-  if (layout.levels < 1 || layout.levels > kMaxBudgetLevels || layout.width != qsgd_code_width(static_cast<int>(layout.levels))) {
-    r.fail("levels " + std::to_string(layout.levels) + " with code width " + std::to_string(layout.width));
+  const uint32_t bucket = r.get<uint32_t>("bucket");
+  if (levels < 1 || levels > kMaxBudgetLevels || width != qsgd_code_width(levels)) {
+    r.fail("levels " + std::to_string(levels) + " with code width " + std::to_string(width));
   }
   if (norm > 1) r.fail("unknown norm " + std::to_string(norm));
-  if (layout.bucket == 0) r.fail("bucket size 0");
-  layout.max_norm = norm == 1;
-  layout.buckets = (static_cast<uint64_t>(n) + layout.bucket - 1) / layout.bucket;
-  layout.norms = r.take(layout.buckets * 4, "bucket norms");
-  layout.codes = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * layout.width), "codes");
+  if (bucket == 0) r.fail("bucket size 0");
+  const QsgdLayout layout = qsgd_layout(n, levels, norm == 1, bucket);
+  r.take(layout.norms.bytes, "bucket norms");
+  r.take(layout.codes.bytes, "codes");
   r.finish();
   return layout;
 }
@@ -50,11 +70,7 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
     p.levels = static_cast<int>(levels);
     return std::make_unique<QsgdCodec>(p);
   }
-  size_t max_payload_bytes(int64_t n) const override {
-    const uint64_t buckets = (static_cast<uint64_t>(n) + parameters_.bucket - 1) / parameters_.bucket;
-    return kPayloadHeaderBytes + 8 + buckets * 4 +
-           wire::bytes_for_bits(static_cast<uint64_t>(n) * qsgd_code_width(parameters_.levels));
-  }
+  size_t max_payload_bytes(int64_t n) const override { return layout_for(n).bytes; }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t from, int64_t to,
                         float scale) const override {
@@ -94,20 +110,15 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    const int width = qsgd_code_width(parameters_.levels);
-    const int64_t buckets = (n + parameters_.bucket - 1) / parameters_.bucket;
+    const QsgdLayout layout = layout_for(n);
+    const int width = layout.width;
+    const auto buckets = static_cast<int64_t>(layout.buckets);
+    const size_t start = out.size();
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint8_t>(static_cast<uint8_t>(width));
-    w.put<uint16_t>(static_cast<uint16_t>(parameters_.levels));
-    w.put<uint8_t>(parameters_.max_norm ? 1 : 0);
-    w.put<uint32_t>(static_cast<uint32_t>(parameters_.bucket));
-    const size_t norms_at = out.size();
-    w.reserve(buckets * 4);
-    const size_t codes_at = out.size();
-    w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * width));
-    uint8_t* norms = out.data() + norms_at;  // both after the last resize of `out`
-    uint8_t* packed = out.data() + codes_at;
+    write_qsgd_fields(w, n, layout);
+    w.reserve(layout.norms.bytes + layout.codes.bytes);
+    uint8_t* norms = out.data() + start + layout.norms.offset;  // both after the last resize of `out`
+    uint8_t* packed = out.data() + start + layout.codes.offset;
     const uint32_t sign_bit = 1u << (width - 1);
     uint64_t buffer = 0;  // codes stream into `packed`, little-endian, `width` bits each
     int filled = 0;
@@ -153,6 +164,7 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
   }
 
  private:
+  QsgdLayout layout_for(int64_t n) const { return qsgd_layout(n, parameters_.levels, parameters_.max_norm, parameters_.bucket); }
   // The codes of kCount elements: level in the low bits, sign (1 = negative) on top.
   template <int kCount>
   void quantize(const float* v, float inverse, const uint32_t* random, uint32_t sign_bit, uint32_t* codes) const {

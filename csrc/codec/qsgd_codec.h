@@ -28,7 +28,13 @@ struct QsgdLayout {
   uint32_t bucket;
   uint64_t buckets;
   wire::Section norms, codes;
+  uint64_t bytes;  // the whole payload's
 };
+// The layout of a qsgd payload of n elements: what the CPU and CUDA writers lay out and
+// the reader checks.
+QsgdLayout qsgd_layout(int64_t n, int levels, bool max_norm, int64_t bucket);
+// The header and fixed fields of a payload laid out so (both writers).
+void write_qsgd_fields(wire::Writer& w, int64_t n, const QsgdLayout& layout);
 // The one parser of a qsgd payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n);
 

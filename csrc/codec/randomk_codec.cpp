@@ -48,14 +48,38 @@ std::shared_ptr<const std::vector<int64_t>> randomk_indices(int64_t n, int64_t k
   return chosen;
 }
 
+namespace {
+
+RandomKLayout laid_out(uint64_t k, uint64_t seed, uint64_t step, float value_scale) {
+  RandomKLayout layout{.k = k, .seed = seed, .step = step, .value_scale = value_scale, .values = {}, .bytes = 0};
+  layout.values = {kPayloadHeaderBytes + 28, k * 4};
+  layout.bytes = layout.values.offset + layout.values.bytes;
+  return layout;
+}
+
+}  // namespace
+
+RandomKLayout randomk_layout(int64_t n, const RandomKParameters& p, uint64_t seed, uint64_t step) {
+  const int64_t k = count_for_density(p.density, n);
+  return laid_out(static_cast<uint64_t>(k), seed, step,
+                  p.unbiased && k > 0 ? static_cast<float>(static_cast<double>(n) / static_cast<double>(k)) : 1.0f);
+}
+
+void write_randomk_fields(wire::Writer& w, int64_t n, const RandomKLayout& layout) {
+  w.header(CodecId::kRandomK, static_cast<uint64_t>(n));
+  w.put<uint64_t>(layout.k);
+  w.put<uint64_t>(layout.seed);
+  w.put<uint64_t>(layout.step);
+  w.put<float>(layout.value_scale);
+}
+
 RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kRandomK, n);
-  RandomKLayout layout;
-  layout.k = r.get_count("k", n);
-  layout.seed = r.get<uint64_t>("seed");
-  layout.step = r.get<uint64_t>("step");
-  layout.value_scale = r.get<float>("value scale");
-  layout.values = r.take(layout.k * 4, "values");
+  const uint64_t k = r.get_count("k", n);
+  const auto seed = r.get<uint64_t>("seed");
+  const auto step = r.get<uint64_t>("step");
+  const RandomKLayout layout = laid_out(k, seed, step, r.get<float>("value scale"));
+  r.take(layout.values.bytes, "values");
   r.finish();
   return layout;
 }
@@ -74,9 +98,7 @@ class RandomKCodec final : public ValueCodec, public WithParameters<RandomKParam
   }
   bool carries_non_finite() const override { return false; }
   bool selects() const override { return true; }
-  size_t max_payload_bytes(int64_t n) const override {
-    return kPayloadHeaderBytes + 28 + static_cast<size_t>(count_for_density(parameters_.density, n)) * 4;
-  }
+  size_t max_payload_bytes(int64_t n) const override { return randomk_layout(n, parameters_, 0, 0).bytes; }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
     wire::Reader r(data, size, "randomk");
@@ -93,16 +115,13 @@ class RandomKCodec final : public ValueCodec, public WithParameters<RandomKParam
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext& ctx, std::vector<uint8_t>& out) const override {
-    const int64_t k = count_for_density(parameters_.density, n);
+    const RandomKLayout layout = randomk_layout(n, parameters_, ctx.seed, ctx.step);
+    const auto k = static_cast<int64_t>(layout.k);
     const auto entries = randomk_indices(n, k, ctx.seed, ctx.step);
     const std::vector<int64_t>& chosen = *entries;
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint64_t>(k);
-    w.put<uint64_t>(ctx.seed);
-    w.put<uint64_t>(ctx.step);
-    w.put<float>(parameters_.unbiased && k > 0 ? static_cast<float>(static_cast<double>(n) / k) : 1.0f);
-    uint8_t* values = w.reserve(k * 4);
+    write_randomk_fields(w, n, layout);
+    uint8_t* values = w.reserve(layout.values.bytes);
     for (int64_t j = 0; j < k; ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 

@@ -31,7 +31,13 @@ struct RandomKLayout {
   uint64_t k, seed, step;
   float value_scale;
   wire::Section values;
+  uint64_t bytes;  // the whole payload's
 };
+// The layout of the payload a randomk codec writes for n elements at (seed, step): what
+// the CPU and CUDA writers lay out and the reader checks.
+RandomKLayout randomk_layout(int64_t n, const RandomKParameters& p, uint64_t seed, uint64_t step);
+// The header and fixed fields of a payload laid out so (both writers).
+void write_randomk_fields(wire::Writer& w, int64_t n, const RandomKLayout& layout);
 // The one parser of a randomk payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n);
 

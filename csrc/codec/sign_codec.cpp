@@ -6,13 +6,26 @@
 
 namespace gradzip {
 
+SignLayout sign_layout(int64_t n, int64_t block) {
+  SignLayout layout;
+  layout.block = static_cast<uint32_t>(block);
+  layout.blocks = block ? (static_cast<uint64_t>(n) + layout.block - 1) / layout.block : 0;
+  layout.scales = {kPayloadHeaderBytes + 4, layout.blocks * 4};
+  layout.bits = {layout.scales.offset + layout.scales.bytes, wire::bytes_for_bits(static_cast<uint64_t>(n))};
+  layout.bytes = layout.bits.offset + layout.bits.bytes;
+  return layout;
+}
+
+void write_sign_fields(wire::Writer& w, int64_t n, int64_t block) {
+  w.header(CodecId::kSign, static_cast<uint64_t>(n));
+  w.put<uint32_t>(static_cast<uint32_t>(block));
+}
+
 SignLayout read_sign_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kSign, n);
-  SignLayout layout;
-  layout.block = r.get<uint32_t>("block");
-  layout.blocks = layout.block ? (static_cast<uint64_t>(n) + layout.block - 1) / layout.block : 0;
-  layout.scales = r.take(layout.blocks * 4, "block scales");
-  layout.bits = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n)), "sign bits");
+  const SignLayout layout = sign_layout(n, r.get<uint32_t>("block"));
+  r.take(layout.scales.bytes, "block scales");
+  r.take(layout.bits.bytes, "sign bits");
   r.finish();
   return layout;
 }
@@ -25,10 +38,7 @@ class SignCodec final : public ElementwiseCodec, public WithParameters<SignParam
   bool biased() const override { return !parameters_.majority; }
   bool carries_non_finite() const override { return !parameters_.majority; }
   bool votes() const override { return parameters_.majority; }
-  size_t max_payload_bytes(int64_t n) const override {
-    const uint64_t blocks = parameters_.block ? (static_cast<uint64_t>(n) + parameters_.block - 1) / parameters_.block : 0;
-    return kPayloadHeaderBytes + 4 + blocks * 4 + wire::bytes_for_bits(n);
-  }
+  size_t max_payload_bytes(int64_t n) const override { return sign_layout(n, block()).bytes; }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,
                         float scale) const override {
@@ -55,19 +65,16 @@ class SignCodec final : public ElementwiseCodec, public WithParameters<SignParam
   // Otherwise the generic path. Both leave what decode_add(−1) of the payload leaves.
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const override {
-    if (!residual || parameters_.block == 0 || parameters_.block % 8 != 0) return ValueCodec::encode(x, n, residual, ctx, out);
-    const int64_t blocks = (n + parameters_.block - 1) / parameters_.block;
+    if (!residual || block() == 0 || block() % 8 != 0) return ValueCodec::encode(x, n, residual, ctx, out);
+    const SignLayout layout = sign_layout(n, block());
+    const size_t start = out.size();
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint32_t>(static_cast<uint32_t>(parameters_.block));
-    const size_t scales_at = out.size();
-    w.reserve(blocks * 4);
-    const size_t bits_at = out.size();
-    w.reserve(wire::bytes_for_bits(n));
-    uint8_t* scales = out.data() + scales_at;  // both after the last resize of `out`
-    uint8_t* bits = out.data() + bits_at;
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * parameters_.block, length = std::min(n - begin, parameters_.block);
+    write_sign_fields(w, n, block());
+    w.reserve(layout.scales.bytes + layout.bits.bytes);
+    uint8_t* scales = out.data() + start + layout.scales.offset;  // both after the last resize of `out`
+    uint8_t* bits = out.data() + start + layout.bits.offset;
+    for (int64_t b = 0; b < static_cast<int64_t>(layout.blocks); ++b) {
+      const int64_t begin = b * block(), length = std::min(n - begin, block());
       const float s = static_cast<float>(block_l1(x + begin, residual + begin, length) / static_cast<double>(length));
       std::memcpy(scales + 4 * b, &s, 4);
       bitpack::pack_nonnegative(residual + begin, length, bits + begin / 8);
@@ -77,20 +84,20 @@ class SignCodec final : public ElementwiseCodec, public WithParameters<SignParam
 
  protected:
   void encode_values(const float* u, int64_t n, const EncodeContext&, std::vector<uint8_t>& out) const override {
+    const SignLayout layout = sign_layout(n, block());
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint32_t>(static_cast<uint32_t>(parameters_.block));
-    const int64_t blocks = parameters_.block ? (n + parameters_.block - 1) / parameters_.block : 0;
-    uint8_t* scales = w.reserve(blocks * 4);
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t begin = b * parameters_.block, length = std::min(n - begin, parameters_.block);
+    write_sign_fields(w, n, block());
+    uint8_t* scales = w.reserve(layout.scales.bytes);
+    for (int64_t b = 0; b < static_cast<int64_t>(layout.blocks); ++b) {
+      const int64_t begin = b * block(), length = std::min(n - begin, block());
       const float s = static_cast<float>(block_l1(u + begin, nullptr, length) / static_cast<double>(length));
       std::memcpy(scales + 4 * b, &s, 4);
     }
-    bitpack::pack_nonnegative(u, n, w.reserve(wire::bytes_for_bits(n)));
+    bitpack::pack_nonnegative(u, n, w.reserve(layout.bits.bytes));
   }
 
  private:
+  int64_t block() const { return parameters_.block; }
   // Σ|u_i| over one block, u = x (+ residual, written back): eight float lanes summed in
   // a fixed order, so the compiler vectorizes it and every machine gets the same bits.
   static double block_l1(const float* x, float* residual, int64_t length) {

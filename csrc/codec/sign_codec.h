@@ -21,7 +21,13 @@ struct SignLayout {
   uint32_t block;
   uint64_t blocks;
   wire::Section scales, bits;
+  uint64_t bytes;  // the whole payload's
 };
+// The layout of a sign payload of n elements in blocks of `block`: what the CPU and CUDA
+// writers lay out and the reader checks.
+SignLayout sign_layout(int64_t n, int64_t block);
+// The header and fixed fields of that payload (both writers).
+void write_sign_fields(wire::Writer& w, int64_t n, int64_t block);
 // The one parser of a sign payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 SignLayout read_sign_layout(wire::Reader& r, int64_t n);
 

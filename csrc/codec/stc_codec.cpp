@@ -6,13 +6,30 @@
 
 namespace gradzip {
 
+StcLayout stc_layout(uint64_t k, float mu, const PositionCoding& positions) {
+  StcLayout layout;
+  layout.k = k;
+  layout.mu = mu;
+  layout.mean = {kPayloadHeaderBytes + 8, 4};
+  layout.positions = position_layout(layout.mean.offset + layout.mean.bytes, positions);
+  layout.signs = {layout.positions.bytes.offset + layout.positions.bytes.bytes, wire::bytes_for_bits(k)};
+  layout.bytes = layout.signs.offset + layout.signs.bytes;
+  return layout;
+}
+
+void write_stc_fields(wire::Writer& w, int64_t n, const StcLayout& layout) {
+  w.header(CodecId::kStc, static_cast<uint64_t>(n));
+  w.put<uint64_t>(layout.k);
+  w.put<float>(layout.mu);
+  write_position_header(w, layout.positions.coding());
+}
+
 StcLayout read_stc_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kStc, n);
-  StcLayout layout;
-  layout.k = r.get_count("k", n);
-  layout.mu = r.get<float>("mu");
-  layout.positions = read_position_layout(r, n, layout.k);
-  layout.signs = r.take(wire::bytes_for_bits(layout.k), "sign bits");
+  const uint64_t k = r.get_count("k", n);
+  const auto mu = r.get<float>("mu");
+  const StcLayout layout = stc_layout(k, mu, read_position_layout(r, n, k).coding());
+  r.take(layout.signs.bytes, "sign bits");
   r.finish();
   return layout;
 }
@@ -50,12 +67,12 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
     for (double lane : lanes) magnitude_sum += lane;
     const float mu = k ? static_cast<float>(magnitude_sum / static_cast<double>(k)) : 0.0f;
 
+    const CodedPositions positions = code_positions(chosen, n);
+    const StcLayout layout = stc_layout(static_cast<uint64_t>(k), mu, positions.coding);
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint64_t>(k);
-    w.put<float>(mu);
-    write_positions(w, chosen, n);
-    uint8_t* signs = w.reserve(wire::bytes_for_bits(k));
+    write_stc_fields(w, n, layout);
+    w.put_bytes(positions.bytes);
+    uint8_t* signs = w.reserve(layout.signs.bytes);
     for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
   }
 };

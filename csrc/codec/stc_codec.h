@@ -21,9 +21,17 @@ const StcParameters& stc_parameters(const Codec& codec);
 struct StcLayout {
   uint64_t k;
   float mu;
+  wire::Section mean;  // where mu lies
   PositionLayout positions;
   wire::Section signs;
+  uint64_t bytes;  // the whole payload's
 };
+// The layout of an stc payload of k entries (their mean mu) whose positions are coded
+// so: what the CPU and CUDA writers lay out and the reader checks.
+StcLayout stc_layout(uint64_t k, float mu, const PositionCoding& positions);
+// The header and fixed fields of a payload of n elements laid out so, the position
+// header included (both writers).
+void write_stc_fields(wire::Writer& w, int64_t n, const StcLayout& layout);
 // The one parser of an stc payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 StcLayout read_stc_layout(wire::Reader& r, int64_t n);
 

@@ -7,27 +7,52 @@
 
 namespace gradzip {
 
+uint8_t topk_index_width(int64_t n) { return n <= (int64_t{1} << 32) ? 4 : 8; }
+
+TopKLayout topk_layout(uint64_t k, uint8_t width) {
+  TopKLayout layout{.k = k, .value_type = ValueType::kFp32, .width = width, .indices = {}, .values = {}, .bytes = 0};
+  layout.indices = {kPayloadHeaderBytes + 9, k * width};
+  layout.values = {layout.indices.offset + layout.indices.bytes, k * 4};
+  layout.bytes = layout.values.offset + layout.values.bytes;
+  return layout;
+}
+
+TopKLayout compact_topk_layout(uint64_t k, ValueType type, const PositionCoding& positions) {
+  TopKLayout layout{.k = k, .value_type = type, .width = 0, .indices = {}, .values = {}, .bytes = 0};
+  layout.positions = position_layout(kPayloadHeaderBytes + 10, positions);
+  layout.values = {layout.positions.bytes.offset + layout.positions.bytes.bytes, k * 2};
+  layout.bytes = layout.values.offset + layout.values.bytes;
+  return layout;
+}
+
+void write_topk_fields(wire::Writer& w, int64_t n, const TopKLayout& layout) {
+  w.header(CodecId::kTopK, static_cast<uint64_t>(n));
+  w.put<uint64_t>(layout.k);
+  w.put<uint8_t>(layout.width);
+  if (layout.width != 0) return;
+  w.put<uint8_t>(static_cast<uint8_t>(layout.value_type));
+  write_position_header(w, layout.positions.coding());
+}
+
 TopKLayout read_topk_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kTopK, n);
+  const uint64_t k = r.get_count("k", n);
+  const auto width = r.get<uint8_t>("index width");
   TopKLayout layout;
-  layout.k = r.get_count("k", n);
-  layout.width = r.get<uint8_t>("index width");
-  if (layout.width == 0) {
+  if (width == 0) {
     const uint8_t type = r.get<uint8_t>("value type");
     if (type != static_cast<uint8_t>(ValueType::kFp16) && type != static_cast<uint8_t>(ValueType::kBf16)) {
       r.fail("value type " + std::to_string(type) + " is neither fp16 (1) nor bf16 (2)");
     }
-    layout.value_type = static_cast<ValueType>(type);
-    layout.positions = read_position_layout(r, n, layout.k);
-    layout.values = r.take(layout.k * 2, "values");
+    layout = compact_topk_layout(k, static_cast<ValueType>(type), read_position_layout(r, n, k).coding());
   } else {
-    if (layout.width != 4 && layout.width != 8) {
-      r.fail("index width " + std::to_string(layout.width) + " is neither 4 nor 8 (nor 0: coded positions)");
+    if (width != 4 && width != 8) {
+      r.fail("index width " + std::to_string(width) + " is neither 4 nor 8 (nor 0: coded positions)");
     }
-    layout.value_type = ValueType::kFp32;
-    layout.indices = r.take(layout.k * layout.width, "indices");
-    layout.values = r.take(layout.k * 4, "values");
+    layout = topk_layout(k, width);
+    r.take(layout.indices.bytes, "indices");
   }
+  r.take(layout.values.bytes, "values");
   r.finish();
   return layout;
 }
@@ -42,10 +67,12 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
  public:
   explicit TopKCodec(const TopKParameters& parameters) : SelectionCodec(CodecId::kTopK, parameters) {}
   size_t max_payload_bytes(int64_t n) const override {
-    const auto most = static_cast<size_t>(max_selected(selection(), n));
-    if (compact()) return kPayloadHeaderBytes + 10 + kPositionHeaderBytes + max_position_bytes(n, most) + 2 * most;
-    const size_t width = n <= (int64_t{1} << 32) ? 4 : 8;
-    return kPayloadHeaderBytes + 9 + most * (width + 4);
+    const auto most = static_cast<uint64_t>(max_selected(selection(), n));
+    if (compact()) {
+      return compact_topk_layout(most, parameters_.values, {.bytes = max_position_bytes(n, static_cast<int64_t>(most))})
+          .bytes;
+    }
+    return topk_layout(most, topk_index_width(n)).bytes;
   }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
@@ -84,22 +111,22 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
     wire::Writer w(out);
-    w.header(id(), n);
-    w.put<uint64_t>(chosen.size());
     if (compact()) {
-      w.put<uint8_t>(0);
-      w.put<uint8_t>(static_cast<uint8_t>(parameters_.values));
-      write_positions(w, chosen, n);
-      uint8_t* values = w.reserve(chosen.size() * 2);
+      const CodedPositions positions = code_positions(chosen, n);
+      const TopKLayout layout = compact_topk_layout(chosen.size(), parameters_.values, positions.coding);
+      write_topk_fields(w, n, layout);
+      w.put_bytes(positions.bytes);
+      uint8_t* values = w.reserve(layout.values.bytes);
       for (size_t j = 0; j < chosen.size(); ++j) {
         const uint16_t v = to_wire(parameters_.values, u[chosen[j]]);
         std::memcpy(values + 2 * j, &v, 2);
       }
       return;
     }
-    const uint8_t width = n <= (int64_t{1} << 32) ? 4 : 8;
-    w.put<uint8_t>(width);
-    uint8_t* indices = w.reserve(chosen.size() * width);
+    const TopKLayout layout = topk_layout(chosen.size(), topk_index_width(n));
+    const uint8_t width = layout.width;
+    write_topk_fields(w, n, layout);
+    uint8_t* indices = w.reserve(layout.indices.bytes);
     for (size_t j = 0; j < chosen.size(); ++j) {
       if (width == 4) {
         const uint32_t index = static_cast<uint32_t>(chosen[j]);
@@ -108,7 +135,7 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
         std::memcpy(indices + 8 * j, &chosen[j], 8);
       }
     }
-    uint8_t* values = w.reserve(chosen.size() * 4);
+    uint8_t* values = w.reserve(layout.values.bytes);
     for (size_t j = 0; j < chosen.size(); ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
   }
 

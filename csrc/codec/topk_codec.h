@@ -25,7 +25,18 @@ struct TopKLayout {
   wire::Section indices;       // fp32: the indices
   PositionLayout positions{};  // compact: the coded positions
   wire::Section values;
+  uint64_t bytes;  // the whole payload's
 };
+// The bytes per index the writers use for n elements: 4 up to 2^32, else 8.
+uint8_t topk_index_width(int64_t n);
+// The layouts of a topk payload of k entries, what the CPU and CUDA writers lay out and
+// the reader checks: fp32 values with `width`-byte indices; compact: 2-byte values of
+// `type` (fp16, bf16) with positions coded so.
+TopKLayout topk_layout(uint64_t k, uint8_t width);
+TopKLayout compact_topk_layout(uint64_t k, ValueType type, const PositionCoding& positions);
+// The header and fixed fields of a payload of n elements laid out so (compact: the
+// position header included); both writers.
+void write_topk_fields(wire::Writer& w, int64_t n, const TopKLayout& layout);
 // The one parser of a topk payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 TopKLayout read_topk_layout(wire::Reader& r, int64_t n);
 

@@ -11,23 +11,50 @@
 
 namespace gradzip {
 
+UniformLayout uniform_layout(int64_t n, uint8_t format, int bits, float low, float high) {
+  UniformLayout layout;
+  layout.format = format;
+  if (format == kUniformRaw) {
+    layout.raw = {kPayloadHeaderBytes + 1, static_cast<uint64_t>(n) * 4};
+    layout.bytes = layout.raw.offset + layout.raw.bytes;
+    return layout;
+  }
+  layout.bits = bits;
+  layout.low = low;
+  layout.high = high;
+  layout.extremes = {kPayloadHeaderBytes + 2, 8};
+  layout.codes = {layout.extremes.offset + layout.extremes.bytes,
+                  wire::bytes_for_bits(static_cast<uint64_t>(n) * static_cast<uint64_t>(bits))};
+  layout.bytes = layout.codes.offset + layout.codes.bytes;
+  return layout;
+}
+
+void write_uniform_fields(wire::Writer& w, int64_t n, const UniformLayout& layout) {
+  w.header(CodecId::kUniform, static_cast<uint64_t>(n));
+  w.put<uint8_t>(layout.format);
+  if (layout.format == kUniformRaw) return;
+  w.put<uint8_t>(static_cast<uint8_t>(layout.bits));
+  w.put<float>(layout.low);
+  w.put<float>(layout.high);
+}
+
 UniformLayout read_uniform_layout(wire::Reader& r, int64_t n) {
   r.header(CodecId::kUniform, n);
+  const uint8_t format = r.get<uint8_t>("format");
   UniformLayout layout;
-  layout.format = r.get<uint8_t>("format");
-  if (layout.format == kUniformRaw) {
-    layout.raw = r.take(static_cast<uint64_t>(n) * 4, "raw values");
-  } else if (layout.format == kUniformQuantized) {
-    layout.bits = r.get<uint8_t>("bits");
-    if (layout.bits < 1 || layout.bits > 16) r.fail("bits = " + std::to_string(layout.bits) + ", valid 1..16");
-    layout.low = r.get<float>("min");
-    layout.high = r.get<float>("max");
-    if (!std::isfinite(layout.low) || !std::isfinite(layout.high) || layout.low > layout.high) {
-      r.fail("min and max are not finite with min ≤ max");
-    }
-    layout.codes = r.take(wire::bytes_for_bits(static_cast<uint64_t>(n) * layout.bits), "codes");
+  if (format == kUniformRaw) {
+    layout = uniform_layout(n, format, 0, 0.0f, 0.0f);
+    r.take(layout.raw.bytes, "raw values");
+  } else if (format == kUniformQuantized) {
+    const int bits = r.get<uint8_t>("bits");
+    if (bits < 1 || bits > 16) r.fail("bits = " + std::to_string(bits) + ", valid 1..16");
+    const auto low = r.get<float>("min");
+    const auto high = r.get<float>("max");
+    if (!std::isfinite(low) || !std::isfinite(high) || low > high) r.fail("min and max are not finite with min ≤ max");
+    layout = uniform_layout(n, format, bits, low, high);
+    r.take(layout.codes.bytes, "codes");
   } else {
-    r.fail("unknown format " + std::to_string(layout.format));
+    r.fail("unknown format " + std::to_string(format));
   }
   r.finish();
   return layout;
@@ -40,9 +67,7 @@ class UniformCodec final : public ValueCodec, public WithParameters<UniformParam
   explicit UniformCodec(const UniformParameters& p) : ValueCodec(CodecId::kUniform), WithParameters(p) {}
   bool biased() const override { return !parameters_.stochastic_rounding; }
   size_t max_payload_bytes(int64_t n) const override {
-    const uint64_t quantized = 1 + 1 + 8 + wire::bytes_for_bits(static_cast<uint64_t>(n) * parameters_.bits);
-    const uint64_t raw = 1 + static_cast<uint64_t>(n) * 4;
-    return kPayloadHeaderBytes + (n > parameters_.threshold ? quantized : raw);
+    return layout_for(n, 0.0f, 0.0f).bytes;
   }
 
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
@@ -79,21 +104,17 @@ class UniformCodec final : public ValueCodec, public WithParameters<UniformParam
     }
     low = math::uniform_extreme(low);
     high = math::uniform_extreme(high);
+    const UniformLayout layout = layout_for(n, low, high);
     wire::Writer w(out);
-    w.header(id(), n);
-    if (n <= parameters_.threshold) {
-      w.put<uint8_t>(kUniformRaw);
+    write_uniform_fields(w, n, layout);
+    if (layout.format == kUniformRaw) {
       w.put_floats(u, n);
       return;
     }
-    w.put<uint8_t>(kUniformQuantized);
-    w.put<uint8_t>(static_cast<uint8_t>(bits));
-    w.put<float>(low);
-    w.put<float>(high);
     const double step = math::uniform_step(low, high, bits);
     const double inverse = step > 0.0 ? 1.0 / step : 0.0;
     const uint32_t top = (uint32_t{1} << bits) - 1;
-    uint8_t* packed = w.reserve(wire::bytes_for_bits(static_cast<uint64_t>(n) * bits));
+    uint8_t* packed = w.reserve(layout.codes.bytes);
     std::vector<uint8_t> stream;
     bitpack::BitWriter writer(stream);
     uint32_t random[kPhiloxWords];
@@ -116,6 +137,12 @@ class UniformCodec final : public ValueCodec, public WithParameters<UniformParam
       writer.flush();
       std::memcpy(packed, stream.data(), stream.size());
     }
+  }
+
+ private:
+  // The layout of n elements: fp32 up to the threshold, else `bits` per element.
+  UniformLayout layout_for(int64_t n, float low, float high) const {
+    return uniform_layout(n, n <= parameters_.threshold ? kUniformRaw : kUniformQuantized, parameters_.bits, low, high);
   }
 };
 

@@ -30,8 +30,14 @@ struct UniformLayout {
   uint8_t format;
   int bits = 0;
   float low = 0.0f, high = 0.0f;
-  wire::Section codes, raw;
+  wire::Section extremes, codes, raw;  // extremes: low and high, f32 each (quantized)
+  uint64_t bytes = 0;                  // the whole payload's
 };
+// The layout of a uniform payload of n elements: what the CPU and CUDA writers lay out
+// and the reader checks (bits, low and high for kUniformQuantized only).
+UniformLayout uniform_layout(int64_t n, uint8_t format, int bits, float low, float high);
+// The header and fixed fields of a payload laid out so (both writers).
+void write_uniform_fields(wire::Writer& w, int64_t n, const UniformLayout& layout);
 // The one parser of a uniform payload's layout (CPU decoder and CUDA dispatch). Throws PayloadError.
 UniformLayout read_uniform_layout(wire::Reader& r, int64_t n);
 

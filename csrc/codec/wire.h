@@ -40,6 +40,10 @@ class Writer {
   void put_floats(const float* values, int64_t n) {
     if (n > 0) std::memcpy(reserve_uninitialized(static_cast<size_t>(n) * 4), values, static_cast<size_t>(n) * 4);
   }
+  // Bytes, as they are.
+  void put_bytes(const std::vector<uint8_t>& bytes) {
+    if (!bytes.empty()) std::memcpy(reserve_uninitialized(bytes.size()), bytes.data(), bytes.size());
+  }
   void header(CodecId codec, uint64_t numel, uint32_t flags = 0) {
     put<uint16_t>(0x5A47);  // "GZ"
     put<uint8_t>(kWireVersion);
