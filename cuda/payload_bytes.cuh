@@ -1,6 +1,10 @@
-// Little-endian bytes of payloads in device memory: the fixed fields a host builds
-// (header and parameters) written by a one-block kernel that takes them by value, so
-// no host buffer has to outlive the call; and unaligned loads and stores of fields.
+// Payloads in device memory, written by the GPU encoders with the same bytes as the CPU
+// codecs (docs/wire-format.md) for the same input, residual and context, each laid out
+// by its codec's layout plan (<codec>_layout(), csrc/codec/<codec>_codec.h). With a
+// non-null residual, an encoder leaves in it exactly what the CPU codec leaves: u − what
+// the payload decodes to. Here: their memory; the fixed fields a host builds (header and
+// parameters) written by a one-block kernel that takes them by value, so no host buffer
+// has to outlive the call; and unaligned loads and stores of fields.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -10,10 +14,17 @@
 #include <stdexcept>
 #include <vector>
 
+#include "codec/codec_record.h"
 #include "cuda_check.h"
 
 namespace gradzip::cuda {
 namespace {  // each translation unit its own copy of these small kernels
+
+// Device memory for a payload of `size` bytes (DeviceArena::payload): rounded up to 8
+// (the packers store whole words), 8-byte aligned.
+inline uint8_t* payload_memory(DeviceArena& arena, size_t size) {
+  return static_cast<uint8_t*>(arena.payload(size < 8 ? 8 : (size + 7) / 8 * 8));
+}
 
 // The longest fixed part of any payload (stc: 38 bytes), rounded up.
 constexpr size_t kMaxFixedBytes = 48;

@@ -11,7 +11,7 @@ namespace gradzip {
 // after checking its header; throws unless they are all the payload holds.
 wire::Section read_cast_layout(wire::Reader& r, CodecId id, int64_t n);
 
-extern const DeviceHalf kIdentityDevice;  // cuda/cast_encode.cu
+extern const DeviceHalf kIdentityDevice;  // cuda/cast.cu
 extern const DeviceHalf kFp16Device;
 extern const DeviceHalf kBf16Device;
 

@@ -204,7 +204,7 @@ GZ_HD uint32_t rice_next_state(uint32_t state, uint32_t bit, int b, bool& comple
   return state - 1;
 }
 
-// The one-pass decoders' terms (cuda/decode_accumulate.cu), on a payload's sections as
+// The one-pass decoders' terms (the `_rows` decoders of cuda/sign.cu, cuda/qsgd.cu), on a payload's sections as
 // typed words: element i's value scaled as the host decoder's decode_add(..., scale)
 // scales it. Sign: ±(scale · its block's scale), or ±scale with block = 0 (`bits` 32
 // elements to a word, 1 = non-negative).

@@ -42,6 +42,6 @@ QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n);
 int qsgd_code_width(int levels);
 
 const CodecRecord& qsgd_record();
-extern const DeviceHalf kQsgdDevice;  // cuda/qsgd_encode.cu
+extern const DeviceHalf kQsgdDevice;  // cuda/qsgd.cu
 
 }  // namespace gradzip

@@ -42,6 +42,6 @@ void write_randomk_fields(wire::Writer& w, int64_t n, const RandomKLayout& layou
 RandomKLayout read_randomk_layout(wire::Reader& r, int64_t n);
 
 const CodecRecord& randomk_record();
-extern const DeviceHalf kRandomKDevice;  // cuda/randomk_encode.cu
+extern const DeviceHalf kRandomKDevice;  // cuda/randomk.cu
 
 }  // namespace gradzip

@@ -32,6 +32,6 @@ void write_sign_fields(wire::Writer& w, int64_t n, int64_t block);
 SignLayout read_sign_layout(wire::Reader& r, int64_t n);
 
 const CodecRecord& sign_record();
-extern const DeviceHalf kSignDevice;  // cuda/sign_encode.cu
+extern const DeviceHalf kSignDevice;  // cuda/sign.cu
 
 }  // namespace gradzip

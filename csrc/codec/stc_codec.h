@@ -36,6 +36,6 @@ void write_stc_fields(wire::Writer& w, int64_t n, const StcLayout& layout);
 StcLayout read_stc_layout(wire::Reader& r, int64_t n);
 
 const CodecRecord& stc_record();
-extern const DeviceHalf kStcDevice;  // cuda/stc_encode.cu
+extern const DeviceHalf kStcDevice;  // cuda/stc.cu
 
 }  // namespace gradzip

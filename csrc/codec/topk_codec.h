@@ -41,6 +41,6 @@ void write_topk_fields(wire::Writer& w, int64_t n, const TopKLayout& layout);
 TopKLayout read_topk_layout(wire::Reader& r, int64_t n);
 
 const CodecRecord& topk_record();
-extern const DeviceHalf kTopKDevice;  // cuda/topk_encode.cu
+extern const DeviceHalf kTopKDevice;  // cuda/topk.cu
 
 }  // namespace gradzip

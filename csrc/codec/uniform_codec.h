@@ -42,6 +42,6 @@ void write_uniform_fields(wire::Writer& w, int64_t n, const UniformLayout& layou
 UniformLayout read_uniform_layout(wire::Reader& r, int64_t n);
 
 const CodecRecord& uniform_record();
-extern const DeviceHalf kUniformDevice;  // cuda/uniform_encode.cu: 8-bit codes and the fp32 path
+extern const DeviceHalf kUniformDevice;  // cuda/uniform.cu: 8-bit codes and the fp32 path
 
 }  // namespace gradzip

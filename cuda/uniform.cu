@@ -8,7 +8,6 @@
 #include "codec/uniform_codec.h"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "encoders.h"
 #include "payload_bytes.cuh"
 
 namespace gradzip::cuda {

@@ -1,14 +1,15 @@
-// topk payload on the GPU: the fixed fields from the host, then one thread per chosen
-// entry writes its index and value bytes (at unaligned offsets) and clears its residual.
-// Compact payloads (values=fp16|bf16) code the positions as STC does (stc_encode.cu) and
-// write 16-bit values, leaving the residual u − what they decode to.
+// topk on the GPU: encode, and decode-add (decode_accumulate.h). fp32 payloads: the
+// fixed fields from the host, then one thread per chosen entry writes its index and
+// value bytes (at unaligned offsets) and clears its residual. Compact payloads
+// (values=fp16|bf16) code the positions as stc does (positions.h) and write 16-bit
+// values, leaving the residual u − what they decode to. Decode: one thread per entry.
+#include "codec/element_math.cuh"
+#include "codec/topk_codec.h"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "codec/element_math.cuh"
-#include "encoders.h"
-#include "payload_bytes.cuh"
-#include "codec/topk_codec.h"
 #include "decode_accumulate.h"
+#include "payload_bytes.cuh"
+#include "positions.h"
 #include "topk_select.h"
 
 namespace gradzip::cuda {
@@ -42,12 +43,33 @@ __global__ void __launch_bounds__(kThreads)
   if (residual) residual[i] = v + -1.0f * math::compact_value(bits, fp16);
 }
 
-}  // namespace
-
-uint8_t* payload_memory(DeviceArena& arena, size_t size) {
-  return static_cast<uint8_t*>(arena.payload(size < 8 ? 8 : (size + 7) / 8 * 8));
+__global__ void __launch_bounds__(kThreads)
+    topk_add(const uint8_t* index_bytes, const uint8_t* value_bytes, int64_t k, int width, float* out, int64_t n,
+             int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k) return;
+  const uint64_t index = load_le(index_bytes + j * width, width);
+  const bool ascending = j == 0 || load_le(index_bytes + (j - 1) * width, width) < index;
+  if (index >= static_cast<uint64_t>(n) || !ascending) {
+    atomicOr(error, kBadIndex);
+    return;
+  }
+  out[index] += math::bits_float(static_cast<uint32_t>(load_le(value_bytes + 4 * j, 4)));
 }
 
+// Compact top-k: entry j's 16-bit value (at an unaligned offset) added at position j.
+__global__ void __launch_bounds__(kThreads)
+    compact_add(const int64_t* indices, const uint8_t* values, bool fp16, int64_t k, float* out, int64_t n,
+                const int* error) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= k || *error) return;
+  const int64_t i = indices[j];
+  if (i < 0 || i >= n) return;  // unreachable for a payload that passed; kept as the bound of every write
+  out[i] += math::compact_value(static_cast<uint16_t>(load_le(values + 2 * j, 2)), fp16);
+}
+
+// The fp32 payload of the chosen entries (indices: `count`, ascending, of u); residual
+// is u itself (or null), and gets u − u at the chosen entries.
 void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64_t count, float* residual,
                         uint8_t* payload, cudaStream_t stream) {
   const TopKLayout layout = topk_layout(static_cast<uint64_t>(count), topk_index_width(n));
@@ -61,6 +83,7 @@ void write_topk_payload(const float* u, int64_t n, const int64_t* indices, int64
   check_launch("write_topk_entries");
 }
 
+}  // namespace
 }  // namespace gradzip::cuda
 
 namespace gradzip {
@@ -70,8 +93,8 @@ namespace {
 // length), then the 16-bit values.
 DevicePayload compact_device_encode(const TopKParameters& codec, const cuda::Selection& chosen, int64_t n,
                                     float* residual, DeviceArena& arena, cudaStream_t stream) {
-  void* scratch = arena.allocate(cuda::stc_scratch_bytes(n, chosen.count));
-  const cuda::StcPlan plan = cuda::stc_plan(n, chosen.indices, chosen.count, scratch, stream);
+  void* scratch = arena.allocate(cuda::position_writing_scratch_bytes(n, chosen.count));
+  const cuda::PositionPlan plan = cuda::plan_positions(n, chosen.indices, chosen.count, scratch, stream);
   const TopKLayout layout = compact_topk_layout(static_cast<uint64_t>(chosen.count), codec.values, plan.coding());
   DevicePayload payload;
   payload.size = layout.bytes;
@@ -108,16 +131,19 @@ void topk_device_decode_add(const uint8_t* payload, const uint8_t* prefix, size_
   const TopKLayout layout = read_topk_layout(r, n);
   const auto k = static_cast<int64_t>(layout.k);
   if (layout.value_type == ValueType::kFp32) {
-    cuda::add_topk(payload + layout.indices.offset, payload + layout.values.offset, k, layout.width, out, n, error,
-                   stream);
+    if (k <= 0) return;
+    cuda::topk_add<<<cuda::blocks_for(k, cuda::kThreads), cuda::kThreads, 0, stream>>>(
+        payload + layout.indices.offset, payload + layout.values.offset, k, layout.width, out, n, error);
+    cuda::check_launch("topk_add");
     return;
   }
-  const PositionLayout& positions = layout.positions;
   // Payloads decode one after the other on the stream: one scratch serves them all.
-  void* scratch = arena.reusable(cuda::positions_scratch_bytes(n, k, positions.bytes.bytes, positions.bitmap));
-  cuda::add_compact_topk(payload + positions.bytes.offset, positions.bytes.bytes, positions.bitmap,
-                         positions.golomb_parameter, payload + layout.values.offset,
-                         layout.value_type == ValueType::kFp16, k, out, n, error, scratch, stream);
+  void* scratch = arena.reusable(cuda::position_reading_scratch_bytes(n, k, layout.positions));
+  const int64_t* indices = cuda::read_positions_on_device(payload, layout.positions, k, n, error, scratch, stream);
+  if (indices == nullptr) return;
+  cuda::compact_add<<<cuda::blocks_for(k, cuda::kThreads), cuda::kThreads, 0, stream>>>(
+      indices, payload + layout.values.offset, layout.value_type == ValueType::kFp16, k, out, n, error);
+  cuda::check_launch("compact_add");
 }
 
 }  // namespace

@@ -8,7 +8,6 @@
 #include "codec/block_lanes.cuh"
 #include "cuda_check.h"
 #include "codec/element_math.cuh"
-#include "encoders.h"
 #include "payload_bytes.cuh"
 #include "codec/sign_codec.h"
 #include "decode_accumulate.h"
@@ -94,8 +93,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-}  // namespace
-
 void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint8_t* payload, cudaStream_t stream) {
   std::vector<uint8_t> fields;
   wire::Writer w(fields);
@@ -126,6 +123,37 @@ void encode_sign(const float* x, float* residual, int64_t n, int64_t block, uint
   check_launch("sign_bits");
 }
 
+// `count` payloads of one layout at payloads + r·stride (sections at the same offsets in
+// each, 4-byte aligned), in one pass over out: out[i] = (set ? 0 : out[i]) + the terms of
+// rows 0, 1, ... in order, each scaled and rounded as the host decoder's
+// decode_add(..., scale) adds it.
+struct SignRows {
+  uint64_t scales_at, bits_at;
+  uint32_t block;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    sign_add_rows(const uint8_t* payloads, size_t stride, int count, SignRows layout, float scale, bool set, float* out,
+                  int64_t n) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = set ? 0.0f : out[i];
+  for (int r = 0; r < count; ++r) {
+    const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
+    sum += math::sign_decoded(reinterpret_cast<const float*>(row + layout.scales_at),
+                     reinterpret_cast<const uint32_t*>(row + layout.bits_at), layout.block, scale, i);
+  }
+  out[i] = sum;
+}
+
+void add_sign_rows(const uint8_t* payloads, size_t stride, int count, const SignRows& layout, float scale, bool set,
+                   float* out, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  sign_add_rows<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(payloads, stride, count, layout, scale, set, out, n);
+  check_launch("sign_add_rows");
+}
+
+}  // namespace
 }  // namespace gradzip::cuda
 
 namespace gradzip {

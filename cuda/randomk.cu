@@ -10,7 +10,6 @@
 #include "codec/randomk_codec.h"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "encoders.h"
 #include "payload_bytes.cuh"
 
 namespace gradzip::cuda {

@@ -7,7 +7,6 @@
 #include "codec/element_math.cuh"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "encoders.h"
 #include "payload_bytes.cuh"
 #include "payload_rows.h"
 

@@ -10,7 +10,6 @@
 #include "codec/block_lanes.cuh"
 #include "cuda_check.h"
 #include "codec/element_math.cuh"
-#include "encoders.h"
 #include "payload_bytes.cuh"
 #include "codec/qsgd_codec.h"
 #include "decode_accumulate.h"
@@ -175,8 +174,6 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t w = lane; w < used_words; w += 32) words[begin * width / 32 + w] = packed[w];
 }
 
-}  // namespace
-
 void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t bucket, bool max_norm,
                  uint64_t seed, uint64_t step, uint32_t rank, uint8_t* payload, cudaStream_t stream) {
   const QsgdLayout layout = qsgd_layout(n, levels, max_norm, bucket);
@@ -211,6 +208,46 @@ void encode_qsgd(const float* x, float* residual, int64_t n, int levels, int64_t
   check_launch("qsgd_codes");
 }
 
+// `count` payloads of one layout at payloads + r·stride (sections at the same offsets in
+// each, 4-byte aligned), in one pass over out: out[i] = (set ? 0 : out[i]) + the terms of
+// rows 0, 1, ... in order, each scaled and rounded as the host decoder's
+// decode_add(..., scale) adds it.
+// A level above s sets kBadLevel in errors[r].
+struct QsgdRows {
+  uint64_t norms_at, codes_at;
+  int width;
+  uint32_t levels, bucket;
+};
+
+__global__ void __launch_bounds__(kThreads)
+    qsgd_add_rows(const uint8_t* payloads, size_t stride, int count, QsgdRows layout, float scale, bool set, float* out,
+                  int64_t n, int* errors) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float sum = set ? 0.0f : out[i];
+  for (int r = 0; r < count; ++r) {
+    const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
+    float term;
+    if (math::qsgd_decoded(reinterpret_cast<const float*>(row + layout.norms_at),
+                  reinterpret_cast<const uint32_t*>(row + layout.codes_at), layout.width, layout.levels, layout.bucket,
+                  scale, i, term)) {
+      sum += term;
+    } else {
+      atomicOr(errors + r, kBadLevel);
+    }
+  }
+  out[i] = sum;
+}
+
+void add_qsgd_rows(const uint8_t* payloads, size_t stride, int count, const QsgdRows& layout, float scale, bool set,
+                   float* out, int64_t n, int* errors, cudaStream_t stream) {
+  if (n <= 0) return;
+  qsgd_add_rows<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(payloads, stride, count, layout, scale, set, out, n,
+                                                                   errors);
+  check_launch("qsgd_add_rows");
+}
+
+}  // namespace
 }  // namespace gradzip::cuda
 
 namespace gradzip {
