@@ -11,6 +11,7 @@
 #include <limits>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "codec/codec_base.h"
 #include "codec/codec_record.h"
@@ -135,6 +136,37 @@ TEST(CodecTest, EncodingIsDeterministic) {
     EncodeContext ctx{42, 3, 1};
     EXPECT_EQ(encode(spec, x, nullptr, ctx), encode(spec, x, nullptr, ctx)) << spec;
   }
+}
+
+// What an aggregation turns: the same codec at another density or number of levels,
+// writing the payload a spec with that value writes; codecs without a knob refuse.
+TEST(CodecTest, ABudgetGivesTheCodecOfTheSpecWithThatValue) {
+  const auto x = random_input(5000, 4);
+  const std::vector<std::tuple<std::string, BudgetKind, double, double, std::string>> knobs = {
+      {"topk:density=0.01", BudgetKind::kDensity, 0.01, 0.05, "topk:density=0.05"},
+      {"topk:density=0.01,values=fp16", BudgetKind::kDensity, 0.01, 0.2, "topk:density=0.2,values=fp16"},
+      {"stc:density=0.01,approx=1", BudgetKind::kDensity, 0.01, 0.5, "stc:density=0.5,approx=1"},
+      {"randomk:density=0.05,unbiased=0", BudgetKind::kDensity, 0.05, 0.1, "randomk:density=0.1,unbiased=0"},
+      {"qsgd:bits=4,bucket=128", BudgetKind::kLevels, 7, 31, "qsgd:levels=31,bucket=128"}};
+  for (const auto& [spec, kind, value, other, other_spec] : knobs) {
+    const auto codec = make_codec(parse_spec(spec));
+    EXPECT_EQ(codec->budget().kind, kind) << spec;
+    EXPECT_EQ(codec->budget().value, value) << spec;
+    const auto changed = codec->with_budget(other);
+    EXPECT_EQ(changed->budget().value, other) << spec;
+    EncodeContext ctx{7, 2, 1};
+    std::vector<uint8_t> payload;
+    changed->encode(x.data(), static_cast<int64_t>(x.size()), nullptr, ctx, payload);
+    EXPECT_EQ(payload, encode(other_spec, x, nullptr, ctx)) << spec << " at " << other;
+    EXPECT_THROW(codec->with_budget(kind == BudgetKind::kDensity ? 1.5 : 0.5), std::invalid_argument) << spec;
+  }
+  for (const std::string spec : {"identity", "fp16", "sign", "uniform", "sz", "polar"}) {
+    const auto codec = make_codec(parse_spec(spec));
+    EXPECT_EQ(codec->budget().kind, BudgetKind::kNone) << spec;
+    EXPECT_THROW(codec->with_budget(0.5), std::invalid_argument) << spec;
+  }
+  EXPECT_TRUE(make_codec(parse_spec("sign:vote=majority"))->votes());
+  EXPECT_FALSE(make_codec(parse_spec("sign"))->votes());
 }
 
 TEST(CodecTest, LosslessCodecsRoundTrip) {
