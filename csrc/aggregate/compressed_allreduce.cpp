@@ -146,13 +146,14 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
 }
 
 // The spec's `layers`, auto resolved: adapt for the codecs with levels (top-k, random-k,
-// STC, QSGD), on for sign (its block scales within each parameter), off for the rest
-// (the casts, whose small pieces would go as fp32; the error-bounded codecs, uniform, polar).
+// STC, QSGD), on for those that ask for it (sign: its block scales within each
+// parameter), off for the rest (the casts, whose small pieces would go as fp32; the
+// error-bounded codecs, uniform, polar).
 std::string layers_of(const BoundSpec& spec) {
   const std::string layers = spec.spec().get_string("layers");
   if (layers != "auto") return layers;
   if (has_levels(*spec.codec())) return "adapt";
-  return spec.codec()->id() == CodecId::kSign ? "on" : "off";
+  return spec.codec()->per_parameter_by_default() ? "on" : "off";
 }
 
 }  // namespace

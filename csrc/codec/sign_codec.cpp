@@ -38,6 +38,7 @@ class SignCodec final : public ElementwiseCodec, public WithParameters<SignParam
   bool biased() const override { return !parameters_.majority; }
   bool carries_non_finite() const override { return !parameters_.majority; }
   bool votes() const override { return parameters_.majority; }
+  bool per_parameter_by_default() const override { return true; }
   size_t max_payload_bytes(int64_t n) const override { return sign_layout(n, block()).bytes; }
 
   void decode_add_range(const uint8_t* data, size_t size, float* out, int64_t n, int64_t begin, int64_t end,

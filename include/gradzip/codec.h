@@ -81,6 +81,9 @@ class Codec {
   // True when the sum of payloads is a vote, whose sign is the result (sign with
   // vote=majority): the aggregation takes the sign of the sum rather than averaging it.
   virtual bool votes() const { return false; }
+  // True when a codec without a budget is best given each parameter alone by default
+  // (layers=auto): sign, whose block scales then stay within a parameter.
+  virtual bool per_parameter_by_default() const { return false; }
   // True when the codec is biased and error feedback is on by default (top-k, STC, sign).
   virtual bool biased() const = 0;
   // True when an Inf or NaN in x always makes some decoded value non-finite (false for
