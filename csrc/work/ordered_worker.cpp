@@ -12,9 +12,9 @@ namespace gradzip {
 namespace {
 
 // `job` made to run on `side` after the work queued so far on the caller's current stream
-// of `device`, ending once side's work is done (also when the job raises: nothing it
-// queued is still running then). The tensors need no record_stream(): the job holds them
-// until then, so their memory cannot be freed while side's work uses it.
+// of `device`. It returns once its work is queued; when it raises, once that work is done
+// too (nothing it queued is still running then). OrderedWorker::run synchronizes `side`
+// after completing the job's future.
 std::function<void()> after_current_stream(c10::Device device, c10::Stream side, const std::vector<at::Tensor>& tensors,
                                            std::function<void()> job) {
   for (const auto& t : tensors) {
@@ -31,7 +31,6 @@ std::function<void()> after_current_stream(c10::Device device, c10::Stream side,
       side.synchronize();
       throw;
     }
-    side.synchronize();
   };
 }
 
@@ -99,14 +98,11 @@ void OrderedWorker::abort(const std::string& reason) {
 
 c10::Stream OrderedWorker::side_stream(c10::Device device) {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (const auto& stream : side_streams_) {
-    if (stream.device() == device) return stream;
+  for (const auto& lent : side_streams_) {
+    if (lent->stream().device() == device) return lent->stream();
   }
-  // High priority: the pool's other half from the streams torch.cuda.Stream() and NCCL
-  // take by default (so no unrelated work shares it), and compression on the way to the
-  // wire goes ahead of the backward pass's kernels.
-  side_streams_.push_back(c10::impl::VirtualGuardImpl(device.type()).getStreamFromGlobalPool(device, true));
-  return side_streams_.back();
+  side_streams_.push_back(std::make_unique<LentStream>(device));
+  return side_streams_.back()->stream();
 }
 
 void OrderedWorker::run(Job& job) {
@@ -123,11 +119,22 @@ void OrderedWorker::run(Job& job) {
   } catch (...) {
     error = std::current_exception();
   }
-  if (job.settled->exchange(true)) return;  // aborted meanwhile: the caller has its error
-  if (error) {
-    job.future->setError(error);
-  } else {
-    job.future->markCompleted(c10::IValue(job.tensors));
+  if (!job.settled->exchange(true)) {  // else aborted meanwhile: the caller has its error
+    if (error) {
+      job.future->setError(error);
+    } else {
+      job.future->markCompleted(c10::IValue(job.tensors));
+    }
+  }
+  if (!job.stream) return;
+  // The waiters' streams wait for the result (the future's events); this thread waits for
+  // the side stream before it lets go of the job, whose captures that work may still read.
+  try {
+    job.stream->synchronize();
+  } catch (const std::exception& e) {
+    // A fault in the job's kernels (the future may have been completed already): every
+    // later call fails with it, as the device's own later calls will.
+    abort(std::string("gradzip: the device work of an earlier call failed: ") + e.what());
   }
 }
 

@@ -12,15 +12,18 @@
 // own calls it first, so that the call cannot overtake a queued one. The thread starts
 // with the first job; the destructor lets queued jobs finish, then joins it.
 //
-// Tensors on an accelerator (CUDA): the job runs on a side stream of their device (one
-// per device: a high-priority stream from torch's pool), made current on the worker thread with that device,
-// after the work already queued on the caller's current stream (an event recorded at
-// submit() and waited for by the side stream). The job ends with the side stream
-// synchronized, so a finished job's device work is done too (drain() covers it), and
-// the job holds its tensors until then. Its future is made with the device and completed on the side
-// stream: waiting on it (Work.wait(), DDP, then()) makes the waiter's current stream wait
-// for the result without blocking the device. Host synchronizations inside a job block
-// the worker thread, not the caller.
+// Tensors on an accelerator (CUDA): the job runs on the worker's side stream of their
+// device (work/lent_stream.h: on CUDA a stream of gradzip's own, at the greatest
+// priority, which no user or library is handed), made current on the worker thread with
+// that device, after the work already queued on the caller's current stream (an event
+// recorded at submit() and waited for by the side stream). Its future is made with the
+// device and completed on the side stream as soon as the job has queued its last work:
+// waiting on it (Work.wait(), DDP, then()) makes the waiter's current stream wait for the
+// result without blocking the waiter's host thread for the device's part. The worker
+// thread then synchronizes the side stream before it lets go of the job (whose captures
+// may be read by that work) and takes the next one, so a finished job's device work is
+// done too (drain() covers it). Host synchronizations inside a job block the worker
+// thread, not the caller.
 //
 // A Work's wait(timeout) raises when the job has not finished within the timeout (it
 // goes on in the background). abort() fails every queued and running job's future at
@@ -41,6 +44,8 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "work/lent_stream.h"
 
 namespace gradzip {
 
@@ -70,8 +75,8 @@ class OrderedWorker {
     std::optional<c10::Stream> stream = std::nullopt;  // current while it runs and completes: device tensors' side stream
   };
   void loop();
-  static void run(Job& job);
-  // The side stream of `device`'s jobs (taken from torch's pool on first use).
+  void run(Job& job);
+  // The side stream of `device`'s jobs (lent on first use, kept until the worker goes).
   c10::Stream side_stream(c10::Device device);
 
   std::mutex mutex_;
@@ -82,7 +87,7 @@ class OrderedWorker {
   bool stopping_ = false;
   std::string aborted_;  // the reason, once aborted
   Job* current_ = nullptr;  // the running job (worker thread's), for abort()
-  std::vector<c10::Stream> side_streams_;
+  std::vector<std::unique_ptr<LentStream>> side_streams_;
   // The last finished job's tensors and future, kept (by the worker thread alone) until
   // the next job starts or the destructor's thread drops them: their last reference may
   // be a Python tensor's, and a thread other than the interpreter's own dies taking the

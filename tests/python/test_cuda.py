@@ -281,6 +281,38 @@ def test_a_cuda_allreduce_returns_while_its_input_is_still_being_computed(spec):
     assert returned < elapsed / 4, f"all_reduce took {returned:.3f} s of {elapsed:.3f} s to return"
 
 
+def allreduce_read_right_after_wait(rank, world, spec, n):
+    """A large all-reduce whose result is read on the caller's stream the moment wait()
+    returns: wait() does not wait for the side stream on the host, only orders the
+    caller's stream after it, so a missing order would read the sum half-decoded."""
+    torch.cuda.set_device(rank)
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    results = []
+    for step in range(2):
+        t = torch.randn(n, generator=torch.Generator().manual_seed(1000 * step + rank)).cuda()
+        dist.all_reduce(t, async_op=True).wait()
+        results.append((t * 1).cpu())
+    return torch.stack(results)
+
+
+def allreduce_large_on_the_cpu(rank, world, spec, n):
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    results = []
+    for step in range(2):
+        t = torch.randn(n, generator=torch.Generator().manual_seed(1000 * step + rank))
+        dist.all_reduce(t)
+        results.append(t.clone())
+    return torch.stack(results)
+
+
+@pytest.mark.parametrize("spec", ["sign", "fp16", "stc:density=0.01"])
+def test_the_result_is_ordered_on_the_callers_stream_after_wait(spec):
+    n = 1 << 25  # a decode of milliseconds: longer than the host takes to queue the read
+    (gpu,) = run_ranks(allreduce_read_right_after_wait, 1, exchanged(spec, 1), n)
+    (cpu,) = run_ranks(allreduce_large_on_the_cpu, 1, exchanged(spec, 1), n)
+    assert same_bits(gpu, cpu)
+
+
 def bound_to_its_gpu(rank, world):
     torch.cuda.set_device(rank)
     gradzip.init_process_group("gradzip", device_id=torch.device("cuda", rank),
