@@ -224,14 +224,13 @@ __global__ void __launch_bounds__(kThreads)
                   int64_t n, int* errors) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const int64_t group = math::group_index(i, layout.bucket, n);
   float sum = set ? 0.0f : out[i];
   for (int r = 0; r < count; ++r) {
     const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
     float term;
     if (math::qsgd_decoded(reinterpret_cast<const float*>(row + layout.norms_at),
-                           reinterpret_cast<const uint32_t*>(row + layout.codes_at), layout.width, layout.levels,
-                           group, scale, i, term)) {
+                  reinterpret_cast<const uint32_t*>(row + layout.codes_at), layout.width, layout.levels, layout.bucket,
+                  scale, i, term)) {
       sum += term;
     } else {
       atomicOr(errors + r, kBadLevel);

@@ -137,12 +137,11 @@ __global__ void __launch_bounds__(kThreads)
                   int64_t n) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const int64_t group = math::group_index(i, layout.block, n);
   float sum = set ? 0.0f : out[i];
   for (int r = 0; r < count; ++r) {
     const uint8_t* row = payloads + static_cast<size_t>(r) * stride;
     sum += math::sign_decoded(reinterpret_cast<const float*>(row + layout.scales_at),
-                              reinterpret_cast<const uint32_t*>(row + layout.bits_at), layout.block, group, scale, i);
+                     reinterpret_cast<const uint32_t*>(row + layout.bits_at), layout.block, scale, i);
   }
   out[i] = sum;
 }

@@ -204,29 +204,19 @@ GZ_HD uint32_t rice_next_state(uint32_t state, uint32_t bit, int b, bool& comple
   return state - 1;
 }
 
-// i / size (0 for size 0): the index of element i's block or bucket. In 32 bits where the
-// tensor's n fits them: a 64-bit division is a long instruction sequence on a GPU, and the
-// one-pass decoders need one per element (they divide once for all rows).
-GZ_HD int64_t group_index(int64_t i, uint32_t size, int64_t n) {
-  if (size == 0) return 0;
-  if (n <= static_cast<int64_t>(UINT32_MAX)) return static_cast<uint32_t>(i) / size;
-  return i / size;
-}
-
 // The one-pass decoders' terms (the `_rows` decoders of cuda/sign.cu, cuda/qsgd.cu), on a payload's sections as
 // typed words: element i's value scaled as the host decoder's decode_add(..., scale)
-// scales it; `group` is group_index(i, block or bucket, n). Sign: ±(scale · its block's
-// scale), or ±scale with block = 0 (`bits` 32 elements to a word, 1 = non-negative).
-GZ_HD float sign_decoded(const float* scales, const uint32_t* bits, uint32_t block, int64_t group, float scale,
-                         int64_t i) {
-  const float s = block ? scale * scales[group] : scale;
+// scales it. Sign: ±(scale · its block's scale), or ±scale with block = 0 (`bits` 32
+// elements to a word, 1 = non-negative).
+GZ_HD float sign_decoded(const float* scales, const uint32_t* bits, uint32_t block, float scale, int64_t i) {
+  const float s = block ? scale * scales[i / block] : scale;
   return ((bits[i / 32] >> (i % 32)) & 1u) ? s : -s;
 }
 
 // QSGD: element i's code of `width` bits from the packed words (LSB first; a code may
 // straddle two words), decoded as ±(scale · norm / levels) · level. False, leaving
 // `term` alone, when the level is above `levels`.
-GZ_HD bool qsgd_decoded(const float* norms, const uint32_t* codes, int width, uint32_t levels, int64_t group,
+GZ_HD bool qsgd_decoded(const float* norms, const uint32_t* codes, int width, uint32_t levels, uint32_t bucket,
                         float scale, int64_t i, float& term) {
   const uint64_t position = static_cast<uint64_t>(i) * static_cast<uint64_t>(width);
   const int offset = static_cast<int>(position % 32);
@@ -236,7 +226,7 @@ GZ_HD bool qsgd_decoded(const float* norms, const uint32_t* codes, int width, ui
   const uint32_t sign_bit = 1u << (width - 1);
   const uint32_t level = code & (sign_bit - 1u);
   if (level > levels) return false;
-  const float unit = scale * norms[group] / static_cast<float>(levels);
+  const float unit = scale * norms[i / bucket] / static_cast<float>(levels);
   const float magnitude = unit * static_cast<float>(level);
   term = (code & sign_bit) ? -magnitude : magnitude;
   return true;

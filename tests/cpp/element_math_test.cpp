@@ -300,8 +300,7 @@ TEST(DecodedTermsTest, AreTheHostDecodersTermsInRankOrder) {
           const auto scales = section_words<float>(p, layout.scales);
           const auto bits = section_words<uint32_t>(p, layout.bits);
           for (int64_t i = 0; i < n; ++i) {
-            sum[i] += math::sign_decoded(scales.data(), bits.data(), layout.block,
-                                         math::group_index(i, layout.block, n), scale, i);
+            sum[i] += math::sign_decoded(scales.data(), bits.data(), layout.block, scale, i);
           }
         } else {
           const QsgdLayout layout = read_qsgd_layout(reader, n);
@@ -309,8 +308,8 @@ TEST(DecodedTermsTest, AreTheHostDecodersTermsInRankOrder) {
           const auto codes = section_words<uint32_t>(p, layout.codes);
           for (int64_t i = 0; i < n; ++i) {
             float term = 0.0f;
-            ASSERT_TRUE(math::qsgd_decoded(norms.data(), codes.data(), layout.width, layout.levels,
-                                           math::group_index(i, layout.bucket, n), scale, i, term));
+            ASSERT_TRUE(math::qsgd_decoded(norms.data(), codes.data(), layout.width, layout.levels, layout.bucket,
+                                           scale, i, term));
             sum[i] += term;
           }
         }
@@ -320,27 +319,14 @@ TEST(DecodedTermsTest, AreTheHostDecodersTermsInRankOrder) {
   }
 }
 
-// The block or bucket index the one-pass decoders divide out once per element: i / size
-// in 32 bits where n fits them, in 64 past them, 0 without blocks.
-TEST(DecodedTermsTest, GroupIndexIsTheQuotientAtEverySize) {
-  const int64_t narrow = UINT32_MAX, wide = int64_t{1} << 40;
-  for (uint32_t size : {1u, 3u, 32u, 100u, 512u, 1u << 20, UINT32_MAX}) {
-    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{99}, int64_t{100}, narrow - 1}) {
-      EXPECT_EQ(math::group_index(i, size, narrow), i / size) << i << " / " << size;
-    }
-    for (int64_t i : {narrow, narrow + 1, wide - 1}) EXPECT_EQ(math::group_index(i, size, wide), i / size);
-  }
-  EXPECT_EQ(math::group_index(12345, 0, narrow), 0);
-}
-
 // A level above the payload's levels is refused, as the host decoder refuses it.
 TEST(DecodedTermsTest, QsgdRefusesALevelAboveLevels) {
   const float norms[] = {2.0f};
   const uint32_t codes[] = {0x7u | (0x5u << 4), 0};  // 4-bit codes: level 7, then level 5
   float term = -1.0f;
-  EXPECT_FALSE(math::qsgd_decoded(norms, codes, 4, 5, 0, 1.0f, 0, term));
+  EXPECT_FALSE(math::qsgd_decoded(norms, codes, 4, 5, 512, 1.0f, 0, term));
   EXPECT_EQ(term, -1.0f);
-  ASSERT_TRUE(math::qsgd_decoded(norms, codes, 4, 5, 0, 1.0f, 1, term));
+  ASSERT_TRUE(math::qsgd_decoded(norms, codes, 4, 5, 512, 1.0f, 1, term));
   EXPECT_EQ(term, 2.0f);  // 2 / 5 · 5
 }
 
