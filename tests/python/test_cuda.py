@@ -283,8 +283,9 @@ def test_a_cuda_allreduce_returns_while_its_input_is_still_being_computed(spec):
 
 def allreduce_read_right_after_wait(rank, world, spec, n):
     """A large all-reduce whose result is read on the caller's stream the moment wait()
-    returns: wait() does not wait for the side stream on the host, only orders the
-    caller's stream after it, so a missing order would read the sum half-decoded."""
+    returns: wait() does not wait on the host for what the job queued after its last host
+    synchronization, only orders the caller's stream after it, so a missing order would
+    read the result before it is written."""
     torch.cuda.set_device(rank)
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
     results = []
@@ -307,7 +308,7 @@ def allreduce_large_on_the_cpu(rank, world, spec, n):
 
 @pytest.mark.parametrize("spec", ["sign", "fp16", "stc:density=0.01"])
 def test_the_result_is_ordered_on_the_callers_stream_after_wait(spec):
-    n = 1 << 25  # a decode of milliseconds: longer than the host takes to queue the read
+    n = 1 << 25
     (gpu,) = run_ranks(allreduce_read_right_after_wait, 1, exchanged(spec, 1), n)
     (cpu,) = run_ranks(allreduce_large_on_the_cpu, 1, exchanged(spec, 1), n)
     assert same_bits(gpu, cpu)
