@@ -46,11 +46,12 @@ def main():
     for layer in (model.conv1, model.conv2, model.fc1, model.fc2):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    state = gradzip.fsdp.compress(model, args.spec)
     # With momentum correction (a spec's `momentum` key) the reduce-scatter keeps the
-    # velocity, so the optimizer must not keep one too.
+    # velocity, so the optimizer must not keep one too. Given the optimizer, compress()
+    # moves its momentum into the reduce-scatter where the codec takes it (STC, top-k).
     momentum = 0.0 if "momentum" in gradzip.Spec(args.spec).params else 0.9
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=momentum)
+    state = gradzip.fsdp.compress(model, args.spec, optimizer=opt)
     if rank == 0:
         print(f"gradzip {gradzip.__version__}: FSDP2 on {world} ranks, reduce-scatter '{state.spec}'", flush=True)
 

@@ -1,7 +1,8 @@
 """Compressed gradients for FSDP2 (`torch.distributed.fsdp.fully_shard`).
 
     model = ...; fully_shard(layer) for each layer; fully_shard(model)
-    state = gradzip.fsdp.compress(model, "qsgd:bits=4")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = gradzip.fsdp.compress(model, "stc:density=0.01", optimizer=opt)
 
 FSDP2 reduce-scatters each FSDP module's gradients in one flat tensor. compress() sets
 every FSDP module's custom reduce-scatter to gradzip's compressed one: each rank encodes
@@ -10,7 +11,9 @@ the P pieces of its own shard in rank order into fp32 (docs/spec.md, "Reduce-sca
 Any element count, any world size; error feedback is kept per FSDP module and input size
 (key "<module name>:<numel>": FSDP leaves parameters without a gradient out), so it
 follows the module's gradients from step to step and through state_dict() /
-load_state_dict(). The spec's reduce_scatter key concerns the gradzip backend only: here
+load_state_dict(). Given the optimizer, SGD's momentum moves into the reduce-scatter for
+the codecs that take `momentum` (momentum correction: gradzip.momentum_folding). The
+spec's reduce_scatter key concerns the gradzip backend only: here
 the reduce-scatter is always the spec's. A reduce-scatter that goes exact (a dtype or op the
 codec does not take, or one that compression would not shrink) warns once, naming why.
 
@@ -24,6 +27,7 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ._extension import _C
 from .checkpoint import format_1_state, stamped
+from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
 from .options import Spec, bind_spec
 
@@ -33,13 +37,19 @@ class State:
 
     spec: the aggregation spec, e.g. "qsgd:bits=4", "stc:density=0.01" (docs/spec.md).
     process_group: the group to reduce over (default None: the group FSDP passes).
+    optimizer: the torch.optim.SGD that steps the model (default None). Its momentum
+        moves into the reduce-scatter when the spec's codec takes `momentum` and the spec
+        sets none: momentum correction, each rank's velocity compressed with error
+        feedback, the optimizer's momentum set to 0 (gradzip.momentum_folding). Give it
+        before loading the optimizer's state_dict.
     """
 
-    def __init__(self, spec, process_group=None):
+    def __init__(self, spec, process_group=None, optimizer=None):
         bound = bind_spec(spec)
         if bound.decentralized:
             raise ValueError(f"gradzip.fsdp: {bound.name!r} is decentralized gossip, not a reduce-scatter; "
                              "FSDP needs every rank's shard of the global gradient")
+        bound = fold_optimizer_momentum(bound, optimizer, "gradzip.fsdp.State")
         self.spec: Spec = bound
         self.process_group = process_group
         self._aggregation = _C.Aggregation(bound)
@@ -60,8 +70,12 @@ class State:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = format_1_state(state, "gradzip.fsdp", ("spec", "state"))
         if bind_spec(state["spec"]) != self.spec:
+            hint = ""
+            if "momentum" in bind_spec(state["spec"]).params and "momentum" not in self.spec.params:
+                hint = (" (its momentum came from the optimizer: give the optimizer before loading the "
+                        "optimizer's state_dict, whose momentum is 0 once folded)")
             raise ValueError(f"gradzip.fsdp: the saved state is for {state['spec']!r}, this State runs "
-                             f"{str(self.spec)!r}")
+                             f"{str(self.spec)!r}{hint}")
         self._aggregation.load_state_dict(state["state"])
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group) -> None:
@@ -95,10 +109,13 @@ class CompressedReduceScatter(ReduceScatter):
         return None
 
 
-def compress(module: torch.nn.Module, spec, process_group=None) -> State:
+def compress(module: torch.nn.Module, spec, process_group=None, optimizer=None) -> State:
     """Sets the compressed reduce-scatter on every FSDP module of `module` (after
-    fully_shard) and returns its State (stats, state_dict, load_state_dict)."""
-    state = spec if isinstance(spec, State) else State(spec, process_group)
+    fully_shard) and returns its State (stats, state_dict, load_state_dict); `spec` is a
+    spec or a State, `process_group` and `optimizer` as State takes them."""
+    if isinstance(spec, State) and (process_group is not None or optimizer is not None):
+        raise ValueError("gradzip.fsdp.compress: give process_group and optimizer to the State, not beside it")
+    state = spec if isinstance(spec, State) else State(spec, process_group, optimizer)
     found = 0
     for name, sub in module.named_modules():
         if isinstance(sub, FSDPModule):

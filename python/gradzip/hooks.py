@@ -34,42 +34,8 @@ import torch.distributed as dist
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
 from .checkpoint import hook_state, stamped
-from .options import Spec, aggregations, bind_spec
-
-
-def fold_optimizer_momentum(spec: Spec, optimizer) -> Spec:
-    """`spec` with the momentum of `optimizer` (a torch.optim.SGD) moved into the
-    aggregation: momentum correction (DGC, docs/spec.md "Momentum correction"), each
-    rank compressing its velocity with error feedback. The optimizer's momentum is then
-    set to 0 and its momentum buffers dropped, so momentum is applied once. Returns
-    `spec` unchanged, the optimizer untouched, when there is nothing to fold: another
-    optimizer (Adam's moments, RMSprop's momentum are not SGD's velocity), momentum 0, an
-    aggregation without the `momentum` key, or one without error feedback. Raises
-    ValueError for what cannot be folded: Nesterov momentum, dampening, param groups of
-    different momenta, or a spec that sets `momentum` itself (momentum applied twice)."""
-    if optimizer is None or not isinstance(optimizer, torch.optim.SGD):
-        return spec
-    momenta = sorted({float(group["momentum"]) for group in optimizer.param_groups})
-    if momenta == [0.0] or "momentum" not in aggregations()[spec.name]["keys"] or not spec.uses_error_feedback:
-        return spec
-    where = f"gradzip.hooks.State(optimizer=...): the optimizer's momentum cannot move into '{spec}'"
-    if "momentum" in spec.params:
-        raise ValueError(f"{where}: the spec's momentum={spec.params['momentum']} and the optimizer's "
-                         f"momentum={momenta[-1]} would apply momentum twice; set one of them")
-    if len(momenta) > 1:
-        raise ValueError(f"{where}: its param groups have momenta {momenta}; momentum correction keeps one velocity "
-                         "per tensor with one momentum")
-    if any(group.get("nesterov") for group in optimizer.param_groups):
-        raise ValueError(f"{where}: it is Nesterov momentum, and momentum correction folds plain momentum; "
-                         "use nesterov=False, or leave the optimizer out")
-    if any(group.get("dampening") for group in optimizer.param_groups):
-        raise ValueError(f"{where}: it has dampening, and momentum correction folds undampened momentum")
-    folded = bind_spec(f"{spec},momentum={momenta[0]!r}" if spec.params else f"{spec}:momentum={momenta[0]!r}")
-    for group in optimizer.param_groups:
-        group["momentum"] = 0.0
-        for p in group["params"]:
-            optimizer.state.get(p, {}).pop("momentum_buffer", None)
-    return folded
+from .momentum_folding import fold_optimizer_momentum
+from .options import Spec, bind_spec
 
 
 class State:
@@ -90,7 +56,7 @@ class State:
     optimizer: the torch.optim.SGD that steps the model (default None). Its momentum
         moves into the aggregation when the spec's codec takes `momentum` and the spec
         sets none: momentum correction, the optimizer's momentum set to 0
-        (fold_optimizer_momentum). Give it before loading the optimizer's state_dict.
+        (gradzip.momentum_folding). Give it before loading the optimizer's state_dict.
     """
 
     def __init__(self, spec, process_group=None, start_iter: int = 1, model=None, scaler=None, optimizer=None):
@@ -102,7 +68,7 @@ class State:
                 f"gradzip.Aggregation({str(bound)!r})(model) after each optimizer step instead.")
         if start_iter < 1:
             raise ValueError("gradzip.hooks.State: start_iter must be >= 1 (DDP rebuilds buckets after iteration 1)")
-        bound = fold_optimizer_momentum(bound, optimizer)
+        bound = fold_optimizer_momentum(bound, optimizer, "gradzip.hooks.State")
         self.spec: Spec = bound
         self.process_group = process_group
         self.start_iter = start_iter

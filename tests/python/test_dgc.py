@@ -148,7 +148,7 @@ def test_the_hook_folds_the_optimizers_momentum_into_momentum_correction(spec):
 
 def test_what_cannot_be_folded_is_refused_and_what_needs_no_folding_is_left():
     import gradzip
-    from gradzip.hooks import fold_optimizer_momentum
+    from gradzip.momentum_folding import fold_optimizer_momentum
     params = list(torch.nn.Linear(3, 2).parameters())
     sgd = lambda **kw: torch.optim.SGD(params, lr=0.1, **kw)  # noqa: E731
     for spec, opt, message in [
@@ -167,7 +167,7 @@ def test_what_cannot_be_folded_is_refused_and_what_needs_no_folding_is_left():
     for spec, opt in [("qsgd:bits=4", sgd(momentum=0.9)), ("fp16", sgd(momentum=0.9)),
                       ("topk:density=0.01,ef=0", sgd(momentum=0.9)), ("stc:density=0.01", sgd()),
                       ("stc:density=0.01", torch.optim.RMSprop(params, momentum=0.9))]:
-        assert str(fold_optimizer_momentum(gradzip.Spec(spec), opt)) == spec
+        assert str(fold_optimizer_momentum(gradzip.Spec(spec), opt, "gradzip.hooks.State")) == spec
         assert opt.param_groups[0]["momentum"] == (0.9 if spec != "stc:density=0.01" or
                                                    isinstance(opt, torch.optim.RMSprop) else 0)
 

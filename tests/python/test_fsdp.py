@@ -212,6 +212,35 @@ def test_fsdp2_compressed_reduce_scatter(world):
         assert resumed_equal
 
 
+def folded_momentum_training(rank, world):
+    """Bare STC with the optimizer's momentum given to compress(), against the spec with
+    momentum=0.9 and an optimizer without it: the same training, bit for bit."""
+    import gradzip
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo")
+    results = []
+    for spec, momentum in (("stc:density=0.1", 0.9), ("stc:density=0.1,momentum=0.9", 0.0)):
+        torch.manual_seed(0)
+        model = OddNet()
+        mesh = init_device_mesh("cpu", (world,))
+        for layer in (model.a, model.b, model.c):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+        state = gradzip.fsdp.compress(model, spec, optimizer=opt)
+        losses = train(model, opt, rank, 20)
+        results.append((local(model), str(state.spec), opt.param_groups[0]["momentum"], losses))
+    return results
+
+
+def test_fsdp_folds_the_optimizers_momentum_into_the_reduce_scatter():
+    for (params, spec, left, losses), (expected, hand_spec, _, _) in run_ranks(folded_momentum_training, 2):
+        assert spec == hand_spec == "stc:density=0.1,momentum=0.9" and left == 0.0
+        assert all(torch.equal(a, b) for a, b in zip(params, expected))
+        assert sum(losses[-5:]) < sum(losses[:5]), losses
+
+
 def test_fsdp_compress_refuses_what_it_cannot_do():
     import gradzip
     with pytest.raises(ValueError, match="decentralized"):
@@ -220,6 +249,14 @@ def test_fsdp_compress_refuses_what_it_cannot_do():
         gradzip.fsdp.compress(torch.nn.Linear(2, 2), "qsgd")
     with pytest.raises(ValueError, match="saved state is for"):
         gradzip.fsdp.State("qsgd").load_state_dict(gradzip.fsdp.State("stc").state_dict())
+    params = list(torch.nn.Linear(3, 2).parameters())
+    with pytest.raises(ValueError, match=r"gradzip.fsdp.State\(optimizer=...\).*would apply momentum twice"):
+        gradzip.fsdp.State("stc:momentum=0.9", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
+    saved = gradzip.fsdp.State("stc", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9)).state_dict()
+    with pytest.raises(ValueError, match="give the optimizer before loading"):
+        gradzip.fsdp.State("stc", optimizer=torch.optim.SGD(params, lr=0.1)).load_state_dict(saved)
+    with pytest.raises(ValueError, match="give process_group and optimizer to the State"):
+        gradzip.fsdp.compress(torch.nn.Linear(2, 2), gradzip.fsdp.State("stc"), optimizer=torch.optim.SGD(params, lr=0.1))
 
 
 class Sometimes(torch.nn.Module):

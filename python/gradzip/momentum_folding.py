@@ -1,0 +1,48 @@
+"""The optimizer's momentum moved into the aggregation: momentum correction (DGC), for the
+doors that are given the optimizer (gradzip.hooks.State, gradzip.fsdp.compress).
+
+A sparsifier with error feedback that runs under SGD's momentum sends each coordinate's
+accumulated mass late and then lets the optimizer's momentum amplify it; keeping the
+velocity in the aggregation instead (u = m·u + g, compressed with error feedback, the
+optimizer without momentum) is the recipe DGC and the measurements in docs/results.md
+support. A user who gives the optimizer gets it without writing `momentum=` in the spec.
+"""
+import torch
+
+from .options import Spec, aggregations, bind_spec
+
+
+def fold_optimizer_momentum(spec: Spec, optimizer, door: str) -> Spec:
+    """`spec` with the momentum of `optimizer` (a torch.optim.SGD) moved into the
+    aggregation: momentum correction (DGC, docs/spec.md "Momentum correction"), each
+    rank compressing its velocity with error feedback. The optimizer's momentum is then
+    set to 0 and its momentum buffers dropped, so momentum is applied once. Returns
+    `spec` unchanged, the optimizer untouched, when there is nothing to fold: another
+    optimizer (Adam's moments, RMSprop's momentum are not SGD's velocity), momentum 0, an
+    aggregation without the `momentum` key, or one without error feedback. Raises
+    ValueError for what cannot be folded: Nesterov momentum, dampening, param groups of
+    different momenta, or a spec that sets `momentum` itself (momentum applied twice);
+    `door` (e.g. "gradzip.hooks.State") names the caller in the message."""
+    if optimizer is None or not isinstance(optimizer, torch.optim.SGD):
+        return spec
+    momenta = sorted({float(group["momentum"]) for group in optimizer.param_groups})
+    if momenta == [0.0] or "momentum" not in aggregations()[spec.name]["keys"] or not spec.uses_error_feedback:
+        return spec
+    where = f"{door}(optimizer=...): the optimizer's momentum cannot move into '{spec}'"
+    if "momentum" in spec.params:
+        raise ValueError(f"{where}: the spec's momentum={spec.params['momentum']} and the optimizer's "
+                         f"momentum={momenta[-1]} would apply momentum twice; set one of them")
+    if len(momenta) > 1:
+        raise ValueError(f"{where}: its param groups have momenta {momenta}; momentum correction keeps one velocity "
+                         "per tensor with one momentum")
+    if any(group.get("nesterov") for group in optimizer.param_groups):
+        raise ValueError(f"{where}: it is Nesterov momentum, and momentum correction folds plain momentum; "
+                         "use nesterov=False, or leave the optimizer out")
+    if any(group.get("dampening") for group in optimizer.param_groups):
+        raise ValueError(f"{where}: it has dampening, and momentum correction folds undampened momentum")
+    folded = bind_spec(f"{spec},momentum={momenta[0]!r}" if spec.params else f"{spec}:momentum={momenta[0]!r}")
+    for group in optimizer.param_groups:
+        group["momentum"] = 0.0
+        for p in group["params"]:
+            optimizer.state.get(p, {}).pop("momentum_buffer", None)
+    return folded
