@@ -403,6 +403,31 @@ TEST_F(CudaKernelsTest, BitOffsetsBeyond2To31) {
   ASSERT_TRUE(same_bits(download(d_sum, n), expected_sum(payloads, start, 1.0f, true)));
 }
 
+// The payload heads of rows further apart than a 2-D copy's pitch allows (2 GiB: slots of
+// half a billion fp32 elements) are read row by row, the same bytes as rows close
+// together through the 2-D copy. Needs about 4.3 GB of device memory.
+TEST_F(CudaKernelsTest, RowHeadsPastThe2DCopysPitchAreReadRowByRow) {
+  if (std::getenv("GRADZIP_CUDA_TEST_QUICK")) GTEST_SKIP() << "GRADZIP_CUDA_TEST_QUICK: the 4 GB rows are left out";
+  int device = 0, max_pitch = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  check(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, device), "cudaDeviceGetAttribute");
+  const size_t far = (static_cast<size_t>(max_pitch) + 8 + 7) / 8 * 8, near = size_t{1} << 20, bytes = 64;
+  const int count = 2;
+  size_t free_bytes = 0, total = 0;
+  check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+  if (free_bytes < far * count + (size_t{256} << 20)) GTEST_SKIP() << "this GPU has less than 4.3 GB free";
+  CudaArena arena;
+  auto* rows = static_cast<uint8_t*>(arena.allocate(far * count));
+  std::vector<uint8_t> expected(bytes * count);
+  for (size_t stride : {near, far}) {
+    for (int r = 0; r < count; ++r) {
+      for (size_t b = 0; b < bytes; ++b) expected[bytes * r + b] = static_cast<uint8_t>(31 * r + 7 * b + stride % 251);
+      check(cudaMemcpy(rows + stride * r, expected.data() + bytes * r, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+    EXPECT_EQ(read_row_prefixes(rows, stride, count, bytes, nullptr), expected) << "rows " << stride << " bytes apart";
+  }
+}
+
 TEST_F(CudaKernelsTest, InvalidPayloadsAreRefusedNamingTheirRank) {
   const int64_t n = 1000;
   const auto x = random_input(n, 5);
