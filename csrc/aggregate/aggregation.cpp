@@ -175,6 +175,14 @@ c10::intrusive_ptr<c10d::Work> Aggregation::reduce_scatter(at::Tensor& output, a
   return exact_reduce_scatter(output, input, opts, transport, stats);
 }
 
+c10::intrusive_ptr<c10d::Work> Aggregation::reduce_scatter_pieces(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts,
+                                                                  const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                                  Stats& stats, const std::string& key,
+                                                                  const std::vector<TensorPiece>&) {
+  return reduce_scatter(output, input, opts, transport, stats, key);
+}
+
 void Aggregation::load_state_dict(const std::map<std::string, at::Tensor>& state) {
   if (!state.empty()) {
     throw std::invalid_argument("gradzip: aggregation '" + spec_.str() + "' keeps no state, but the state to load has " +

@@ -145,6 +145,15 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
   }
 }
 
+// What an encode of `tensor` under `state` compresses: the input (into the velocity with
+// momentum correction) plus the worker residual; float32, flat.
+at::Tensor encoded_input(const at::Tensor& tensor, const CompressedState& state, double momentum) {
+  at::Tensor encoded = tensor.detach().reshape({-1}).to(at::kFloat);
+  if (state.velocity.defined()) encoded = state.velocity * momentum + encoded;
+  if (state.residual.defined()) encoded = encoded + state.residual;
+  return encoded;
+}
+
 // The spec's `layers`, auto resolved: adapt for the codecs with levels (top-k, random-k,
 // STC, QSGD), on for those that ask for it (sign: its block scales within each
 // parameter), off for the rest (the casts, whose small pieces would go as fp32; the
@@ -187,6 +196,8 @@ bool uses_node_levels(const BoundSpec& spec) {
          !spec.codec()->votes() && spec.spec().get_double("momentum", 0.0) == 0;
 }
 
+bool compresses_by_layers(const BoundSpec& spec) { return takes_key(spec, "layers") && layers_of(spec) != "off"; }
+
 bool compresses_reduce_scatter(const BoundSpec& spec) {
   return takes_key(spec, "reduce_scatter") && spec.spec().get_string("reduce_scatter") == "compressed";
 }
@@ -200,8 +211,8 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
                           "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
           SpecKey::choice("layers", "auto", {"auto", "off", "on", "adapt"},
-                          "on a tensor made of named parameters (the DDP hook with model=): on compresses each "
-                          "parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
+                          "on a tensor made of named parameters (the DDP hook with model=, the FSDP door's "
+                          "shards): on compresses each parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
                           "sends parameters under 1024 elements exact (CPU tensors); adapt as on, each parameter "
                           "at the density (levels) of ×1/8..×8 the spec's that minimises the bucket's compression "
                           "error within the bytes of the spec's everywhere, agreed by all ranks every adapt_every "
@@ -239,6 +250,7 @@ void CompressedState::save(const std::string& key, std::map<std::string, at::Ten
   }
   if (level >= 0) out[state_name(key, "level")] = count_tensor(level);
   if (loss_scale != 1.0) out[state_name(key, "loss_scale")] = at::scalar_tensor(loss_scale, at::kDouble);
+  if (calls == 0 && step == 0 && level >= 0) return;  // a reduce-scatter piece's level, nothing else
   out[state_name(key, "calls")] = count_tensor(calls);
   out[state_name(key, "step")] = count_tensor(static_cast<int64_t>(step));
 }
@@ -353,34 +365,36 @@ bool CompressedAllreduce::by_layers(const at::Tensor& tensor) const {
   return layers_ && tensor.is_cpu();
 }
 
-CompressedAllreduce::Plan CompressedAllreduce::with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const {
-  if (!how.codec) return how;  // exact
-  const bool leveled = adapt_ && how.codec == codec_;
+std::vector<CodecPiece> CompressedAllreduce::codec_pieces(const std::shared_ptr<const Codec>& codec,
+                                                          const std::vector<TensorPiece>& pieces) const {
+  std::vector<CodecPiece> out;
+  if (!codec) return out;  // exact
+  const bool leveled = adapt_ && codec == codec_;
   for (const auto& piece : pieces) {
-    std::shared_ptr<const Codec> codec = how.codec;
+    std::shared_ptr<const Codec> chosen = codec;
     if (piece.numel < kSmallPiece) {
-      codec = exact_codec_;
+      chosen = exact_codec_;
     } else if (leveled) {
       const auto found = states_.find(piece.key);
       const int level = found == states_.end() ? -1 : found->second.level;
       TORCH_CHECK(level < static_cast<int>(levels_.codecs.size()), "gradzip: the state of '", piece.key,
                   "' holds level ", level, "; this spec's codec has ", levels_.codecs.size());
-      if (level >= 0) codec = levels_.codecs[static_cast<size_t>(level)];
+      if (level >= 0) chosen = levels_.codecs[static_cast<size_t>(level)];
     }
-    how.pieces.push_back({piece.numel, std::move(codec)});
+    out.push_back({piece.numel, std::move(chosen)});
   }
-  return how;
+  return out;
 }
 
-bool CompressedAllreduce::adapts(const at::Tensor& tensor, const Plan& how, int64_t calls) const {
-  if (!adapt_ || !by_layers(tensor) || how.scheme == ExchangeScheme::kDense || how.codec != codec_) {
-    return false;
-  }
+bool CompressedAllreduce::adapts(const at::Tensor& tensor, const std::shared_ptr<const Codec>& codec,
+                                 int64_t calls) const {
+  if (!adapt_ || !by_layers(tensor) || !codec || codec != codec_) return false;
   const int64_t since = calls - warmup_ - density_warmup_;
   return since >= 0 && since % adapt_every_ == 0;
 }
 
 std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces,
+                                                    int64_t repeats,
                                                     const c10::intrusive_ptr<c10d::Backend>& transport,
                                                     const EncodeContext& ctx, Stats& stats) const {
   const auto count = static_cast<int64_t>(levels_.codecs.size());
@@ -394,11 +408,16 @@ std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, c
     }
     offset += pieces[i].numel;
   }
-  at::Tensor table = at::empty({static_cast<int64_t>(large.size()), count}, at::kDouble);
-  for (size_t j = 0; j < large.size(); ++j) {
-    const auto errors = level_errors(levels_, encoded.narrow(0, offsets[j], pieces[large[j]].numel).contiguous(),
-                                     piece_context(ctx, large[j]));
-    for (int64_t l = 0; l < count; ++l) table[static_cast<int64_t>(j)][l] = errors[static_cast<size_t>(l)];
+  const int64_t stride = offset;  // one repeat's elements
+  TORCH_CHECK(encoded.numel() == repeats * stride, "gradzip: ", repeats, " repeats of pieces of ", stride,
+              " elements are not the ", encoded.numel(), " encoded");
+  at::Tensor table = at::zeros({static_cast<int64_t>(large.size()), count}, at::kDouble);
+  for (int64_t r = 0; r < repeats; ++r) {
+    for (size_t j = 0; j < large.size(); ++j) {
+      const at::Tensor part = encoded.narrow(0, r * stride + offsets[j], pieces[large[j]].numel).contiguous();
+      const auto errors = level_errors(levels_, part, piece_context(ctx, r * pieces.size() + large[j]));
+      for (int64_t l = 0; l < count; ++l) table[static_cast<int64_t>(j)][l] += errors[static_cast<size_t>(l)];
+    }
   }
   table = summed_in_rank_order(table, transport);
   const int64_t others = transport->getSize() - 1;
@@ -410,19 +429,37 @@ std::vector<int> CompressedAllreduce::agreed_levels(const at::Tensor& encoded, c
   for (size_t j = 0; j < large.size(); ++j) {
     for (int64_t l = 0; l < count; ++l) {
       error[j].push_back(e[static_cast<int64_t>(j) * count + l]);
-      bytes[j].push_back(slot_bytes(*levels_.codecs[static_cast<size_t>(l)], pieces[large[j]].numel));
+      bytes[j].push_back(repeats * slot_bytes(*levels_.codecs[static_cast<size_t>(l)], pieces[large[j]].numel));
     }
   }
   int64_t budget = -1;  // the bytes of the spec's level everywhere
   if (budget_ > 0) {
     int64_t numel = 0;
     for (size_t i : large) numel += pieces[i].numel;
-    budget = static_cast<int64_t>(std::floor(budget_ * 4.0 * static_cast<double>(numel)));
+    budget = static_cast<int64_t>(std::floor(budget_ * 4.0 * static_cast<double>(repeats * numel)));
   }
   const std::vector<int> chosen = choose_levels(error, bytes, levels_.base, budget);
   std::vector<int> levels(pieces.size(), -1);
   for (size_t j = 0; j < large.size(); ++j) levels[large[j]] = chosen[j];
   return levels;
+}
+
+void CompressedAllreduce::agree_on_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces,
+                                          int64_t repeats, const c10::intrusive_ptr<c10d::Backend>& transport,
+                                          const EncodeContext& ctx, Stats& stats,
+                                          std::unique_lock<std::mutex>& lock) {
+  lock.unlock();
+  const std::vector<int> levels = agreed_levels(encoded.contiguous(), pieces, repeats, transport, ctx, stats);
+  lock.lock();
+  for (size_t i = 0; i < levels.size(); ++i) {
+    // A piece without a state of its own (a reduce-scatter's) gets one only for a level.
+    const auto found = states_.find(pieces[i].key);
+    if (found != states_.end()) {
+      found->second.level = levels[i];
+    } else if (levels[i] >= 0) {
+      states_[pieces[i].key].level = levels[i];
+    }
+  }
 }
 
 void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {
@@ -526,19 +563,12 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       whole.owner_offset = how.owned.begin;
     }
   }
-  if (adapts(tensors.front(), how, whole.calls)) {
-    // What the encode will compress: the input, into the velocity with momentum, plus the residual.
-    at::Tensor encoded = tensors.front().detach().reshape({-1}).to(at::kFloat);
-    if (whole.velocity.defined()) encoded = whole.velocity * momentum_ + encoded;
-    if (whole.residual.defined()) encoded = encoded + whole.residual;
+  if (adapts(tensors.front(), how.codec, whole.calls)) {
     const EncodeContext ctx{seed_for_key(seed_, pieces.front().key + ":levels"), whole.step,
                             static_cast<uint32_t>(transport->getRank())};
-    lock.unlock();
-    const std::vector<int> levels = agreed_levels(encoded.contiguous(), pieces, transport, ctx, stats);
-    lock.lock();
-    for (size_t i = 0; i < levels.size(); ++i) states_[pieces[i].key].level = levels[i];
+    agree_on_levels(encoded_input(tensors.front(), whole, momentum_), pieces, 1, transport, ctx, stats, lock);
   }
-  if (by_layers(tensors.front())) how = with_pieces(std::move(how), pieces);
+  if (by_layers(tensors.front())) how.pieces = codec_pieces(how.codec, pieces);
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
   auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();
@@ -628,6 +658,31 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
                                                                    const c10d::ReduceScatterOptions& opts,
                                                                    const c10::intrusive_ptr<c10d::Backend>& transport,
                                                                    Stats& stats, const std::string& key) {
+  return scatter(output, input, opts, transport, stats, key, {});
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter_pieces(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
+    const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key,
+    const std::vector<TensorPiece>& pieces) {
+  int64_t total = 0;
+  for (const auto& piece : pieces) {
+    TORCH_CHECK(piece.numel > 0, "gradzip: reduce_scatter's piece '", piece.key, "' has ", piece.numel,
+                " elements; a piece needs at least 1");
+    total += piece.numel;
+  }
+  TORCH_CHECK(total == output.numel(), "gradzip: reduce_scatter's pieces hold ", total,
+              " elements, each rank's chunk (the output) ", output.numel());
+  std::vector<TensorPiece> layout;  // each piece's choices kept under "<key>/<piece key>"
+  for (const auto& piece : pieces) layout.push_back({key + "/" + piece.key, piece.numel});
+  return scatter(output, input, opts, transport, stats, key, layout);
+}
+
+c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, at::Tensor& input,
+                                                            const c10d::ReduceScatterOptions& opts,
+                                                            const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                            Stats& stats, const std::string& key,
+                                                            const std::vector<TensorPiece>& layout) {
   check_reduce_scatter(output, input, *transport);
   const int ranks = transport->getSize();
   const int64_t n = input.numel();
@@ -656,16 +711,30 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::reduce_scatter(at::Tensor& o
     return completed_work(outputs);
   }
   lock.lock();
+  const bool by_pieces = !layout.empty() && by_layers(input);
+  if (by_pieces && adapts(input, codec, state.calls)) {
+    const EncodeContext ctx{seed_for_key(seed_, key + ":levels"), state.step,
+                            static_cast<uint32_t>(transport->getRank())};
+    agree_on_levels(encoded_input(call.x, state, momentum_), layout, ranks, transport, ctx, stats, lock);
+  }
   take_step(state, key, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
   call.rounds = rounds_for(input);
   const at::Tensor unsent =
       momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
+  // Layer-aware: the layout's pieces in every chunk the compressed exchange sees (the
+  // ranks', or across nodes the lane's), each piece at the same codec in every chunk.
+  std::vector<CodecPiece> pieces;
+  if (by_pieces) {
+    const std::vector<CodecPiece> chunk = codec_pieces(codec, layout);
+    const int chunks = hierarchy ? hierarchy->levels.lane->getSize() : ranks;
+    for (int c = 0; c < chunks; ++c) pieces.insert(pieces.end(), chunk.begin(), chunk.end());
+  }
   lock.unlock();
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
-  const auto tensor = tensor_codec(codec, device);
+  const auto tensor = pieces.empty() ? tensor_codec(codec, device) : piecewise_codec(std::move(pieces));
   const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)
                                  : compressed_reduce_scatter(*tensor, *codec, call, shard, transport);
   if (unsent.defined()) mask_momentum(state, call, unsent);

@@ -82,6 +82,15 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
                                                 const c10d::ReduceScatterOptions& opts,
                                                 const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                 const std::string& key) override;
+  // With layers=on or adapt (CPU tensors), each piece of each chunk compressed by itself
+  // (pieces under kSmallPiece elements exact); layers=adapt chooses one level per piece,
+  // the same in every chunk, from its error summed over the chunks. Across nodes (the
+  // hierarchical exchange), each lane chunk is a chunk of the same layout.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_pieces(at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts,
+                                                       const c10::intrusive_ptr<c10d::Backend>& transport,
+                                                       Stats& stats, const std::string& key,
+                                                       const std::vector<TensorPiece>& pieces) override;
   // With hierarchy=auto, all-reduces and compressed reduce-scatters over `transport` go
   // hierarchical when its ranks sit in several nodes of several ranks (not for vote=majority or momentum
   // correction, whose rules are per rank; they stay flat).
@@ -115,21 +124,33 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
             const CompressedState& state) const;
   // Whether a tensor of pieces is compressed piece by piece (layers=on or adapt): on the CPU.
   bool by_layers(const at::Tensor& tensor) const;
-  // `how` with each piece compressed by itself (pieces under kSmallPiece elements
-  // exact) at its level (layers=adapt, after the density warm-up); the exchange the
-  // tensor as a whole would take.
-  Plan with_pieces(Plan how, const std::vector<TensorPiece>& pieces) const;
-  // Whether the call of a tensor of pieces planned as `how`, its pieces' calls so far
-  // `calls`, chooses the pieces' levels again (layers=adapt): its first compressed call
-  // after the density warm-up, then every adapt_every calls.
-  bool adapts(const at::Tensor& tensor, const Plan& how, int64_t calls) const;
-  // The pieces' levels for what this call encodes, `encoded` (each piece's input with its
-  // momentum and residual), agreed by every rank of `transport` (layer_budget.h), the
-  // error tables' bytes added to `stats`; empty when some rank's errors are not finite
-  // (the levels stay as they were). Communicates: mutex_ must not be held.
-  std::vector<int> agreed_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces,
+  // Each piece with its codec: `codec` (the call's; null: exact), pieces under
+  // kSmallPiece elements exact, each at its level (layers=adapt, after the density
+  // warm-up: the level kept under the piece's key).
+  std::vector<CodecPiece> codec_pieces(const std::shared_ptr<const Codec>& codec,
+                                       const std::vector<TensorPiece>& pieces) const;
+  // Whether a call of a tensor of pieces compressed by `codec` (null: exact), its calls
+  // so far `calls`, chooses the pieces' levels again (layers=adapt): its first compressed
+  // call after the density warm-up, then every adapt_every calls.
+  bool adapts(const at::Tensor& tensor, const std::shared_ptr<const Codec>& codec, int64_t calls) const;
+  // The pieces' levels for what this call encodes, `encoded` (`repeats` times the pieces
+  // end to end: each piece's input with its momentum and residual; a reduce-scatter's P
+  // chunks), agreed by every rank of `transport` (layer_budget.h), each piece's error
+  // summed over the repeats; the error tables' bytes added to `stats`; empty when some
+  // rank's errors are not finite (the levels stay as they were). Communicates: mutex_
+  // must not be held.
+  std::vector<int> agreed_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces, int64_t repeats,
                                  const c10::intrusive_ptr<c10d::Backend>& transport, const EncodeContext& ctx,
                                  Stats& stats) const;
+  // Sets each piece's level (kept under its key) to agreed_levels'. `lock` holds mutex_
+  // on entry and exit and is released while the ranks agree.
+  void agree_on_levels(const at::Tensor& encoded, const std::vector<TensorPiece>& pieces, int64_t repeats,
+                       const c10::intrusive_ptr<c10d::Backend>& transport, const EncodeContext& ctx, Stats& stats,
+                       std::unique_lock<std::mutex>& lock);
+  // reduce_scatter with `layout` (empty: each chunk whole).
+  c10::intrusive_ptr<c10d::Work> scatter(at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
+                                         const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
+                                         const std::string& key, const std::vector<TensorPiece>& layout);
   // The all-reduce of `state`'s tensor by `plan`; `lock` holds mutex_ on entry and is
   // released before any communication. When any rank's input holds Inf or NaN, the
   // result is all NaN and `state` is left as it was (aggregate/finite_step.h); `all_finite`
@@ -201,5 +222,8 @@ bool uses_node_levels(const BoundSpec& spec);
 // Whether a spec's aggregation compresses the gradzip backend's reduce_scatter_tensor
 // (reduce_scatter=compressed); exact otherwise, and for aggregations without the key.
 bool compresses_reduce_scatter(const BoundSpec& spec);
+// Whether a spec's aggregation compresses a tensor of pieces piece by piece (its
+// `layers`, auto resolved, is on or adapt); false for aggregations without the key.
+bool compresses_by_layers(const BoundSpec& spec);
 
 }  // namespace gradzip

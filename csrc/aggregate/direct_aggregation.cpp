@@ -20,11 +20,15 @@ void DirectAggregation::allreduce_pieces(const at::Tensor& tensor, const std::ve
 }
 
 void DirectAggregation::reduce_scatter(at::Tensor output, at::Tensor input, const std::string& key,
-                                       const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+                                       const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport,
+                                       const std::vector<TensorPiece>& pieces) {
   c10d::ReduceScatterOptions opts;
   opts.reduceOp = op;
   worker_.drain();
-  aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)->wait();
+  const auto work = pieces.empty() ? aggregation_->reduce_scatter(output, input, opts, transport, stats_, key)
+                                   : aggregation_->reduce_scatter_pieces(output, input, opts, transport, stats_, key,
+                                                                         pieces);
+  work->wait();
 }
 
 void DirectAggregation::use_node_levels(const c10::intrusive_ptr<c10d::Backend>& transport, NodeLevels levels) {

@@ -36,9 +36,10 @@ class DirectAggregation {
   void allreduce_pieces(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces, const c10d::ReduceOp& op,
                         const c10::intrusive_ptr<c10d::Backend>& transport);
   // Reduces `input` (ranks × output.numel() elements) into this rank's `output` chunk;
-  // `key` names its state (FSDP: one key per module).
+  // `key` names its state (FSDP: one key per module). `pieces`: each chunk's layout
+  // (Aggregation::reduce_scatter_pieces), or empty.
   void reduce_scatter(at::Tensor output, at::Tensor input, const std::string& key, const c10d::ReduceOp& op,
-                      const c10::intrusive_ptr<c10d::Backend>& transport);
+                      const c10::intrusive_ptr<c10d::Backend>& transport, const std::vector<TensorPiece>& pieces);
   // allreduce_pieces on the worker thread (one piece: the tensor as one key); CUDA
   // tensors there on a side stream ordered after the caller's current stream.
   c10::intrusive_ptr<c10d::Work> submit_pieces(const at::Tensor& tensor, const std::vector<TensorPiece>& pieces,

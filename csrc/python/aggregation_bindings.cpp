@@ -2,6 +2,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/Exceptions.h>
 
+#include "aggregate/compressed_allreduce.h"
 #include "aggregate/direct_aggregation.h"
 #include "aggregate/exchange.h"
 #include "aggregate/node_shared_memory.h"
@@ -60,25 +61,31 @@ void bind_aggregation(py::module_& m) {
   py::class_<DirectAggregation, std::unique_ptr<DirectAggregation, ReleaseGilDelete>>(m, "Aggregation")
       .def(py::init<const BoundSpec&>(), py::arg("spec"))
       .def_property_readonly("spec", [](const DirectAggregation& a) { return a.aggregation().spec(); })
+      .def_property_readonly(
+          "by_layers", [](const DirectAggregation& a) { return compresses_by_layers(a.aggregation().spec()); },
+          "Whether tensors of pieces are compressed piece by piece (the spec's layers, auto resolved).")
       .def("allreduce", &DirectAggregation::allreduce, py::arg("tensor"), py::arg("key"), py::arg("op"),
            py::arg("transport"), py::call_guard<py::gil_scoped_release>(),
            "Reduces `tensor` in place over `transport`; `key` names its state. Returns when done.")
       .def(
           "reduce_scatter",
           [](DirectAggregation& a, const at::Tensor& output, const at::Tensor& input, const std::string& key,
-             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport) {
+             const c10d::ReduceOp& op, const c10::intrusive_ptr<c10d::Backend>& transport, const NamedPieces& pieces) {
             torch::PyWarningHandler warnings;  // a tensor that goes exact says so as a Python warning
+            const auto named = to_pieces(pieces);
             try {
               py::gil_scoped_release no_gil;
-              a.reduce_scatter(output, input, key, op, transport);
+              a.reduce_scatter(output, input, key, op, transport, named);
             } catch (...) {
               warnings.set_in_exception();  // the exception, not a warning turned error, reaches Python
               throw;
             }
           },
           py::arg("output"), py::arg("input"), py::arg("key"), py::arg("op"), py::arg("transport"),
+          py::arg("pieces") = NamedPieces{},
           "Reduces `input` (ranks x output.numel() elements) over `transport` into this rank's chunk, "
-           "`output`; `key` names its state. Returns when done.")
+          "`output`; `key` names its state. `pieces`: each chunk's (key, numel) pieces, compressed piece by "
+          "piece with the spec's layers (empty: each chunk whole). Returns when done.")
       .def(
           "allreduce_pieces",
           [](DirectAggregation& a, const at::Tensor& tensor, const NamedPieces& pieces, const c10d::ReduceOp& op,

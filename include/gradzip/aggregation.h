@@ -92,6 +92,16 @@ class Aggregation {
       at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
       const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key);
 
+  // The same, for an input whose P chunks are each `pieces` end to end (their numels add
+  // up to output.numel(): FSDP's reduce-scatter input, every rank's shard of each
+  // parameter, in order): layer-aware aggregations compress each piece of each chunk by
+  // itself, keeping the state of the whole input under `key` and what they choose per
+  // piece under "<key>/<piece key>". Aggregations without layers ignore the pieces.
+  virtual c10::intrusive_ptr<c10d::Work> reduce_scatter_pieces(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts,
+      const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key,
+      const std::vector<TensorPiece>& pieces);
+
   // The state as named tensors, "<key>/<field>" (fields: residual, calls, step,
   // public_copy_<rank>), on the CPU; load_state_dict() restores it exactly.
   virtual std::map<std::string, at::Tensor> state_dict() const { return {}; }

@@ -21,6 +21,12 @@ one with an error that names both formats (CheckpointError, a ValueError).
      spec leaves `layers` out was written under layers=off, and reads as the spec with
      layers=off, which resumes it as it ran (a State of the bare spec refuses it, naming
      both specs). Without model= `layers` does nothing, and the spec stays.
+  3  2026-11-28 on: the same fields; the FSDP door compresses each parameter's shard by
+     itself (`layers`, auto by default), and a layers=adapt parameter keeps its level as
+     "<module>:<numel>/<parameter>/level". Migrated: an FSDP checkpoint of format 1 or 2
+     whose spec leaves `layers` out ran with each chunk whole, and reads as the spec with
+     layers=off, which resumes it as it ran (a State of the bare spec refuses it, naming
+     both specs).
 
 Golden files of every format, written by the builds that shipped it, are loaded by
 tests/python/test_checkpoints.py.
@@ -29,7 +35,7 @@ import torch
 
 from .options import aggregations, bind_spec
 
-FORMAT = 2
+FORMAT = 3
 
 
 class CheckpointError(ValueError):
@@ -61,7 +67,7 @@ def hook_state(state) -> dict:
 
 
 def _written_under_layers_off(spec: str) -> str:
-    """A spec of formats 0 and 1 as this build reads it: `layers` was off by default then."""
+    """A spec written when its door's `layers` was off by default, as this build reads it."""
     bound = bind_spec(spec)
     if "layers" in bound.params or "layers" not in aggregations()[bound.name]["keys"]:
         return spec
@@ -78,8 +84,17 @@ def aggregation_state(state) -> dict:
     return state
 
 
+def fsdp_state(state) -> dict:
+    """A gradzip.fsdp.State checkpoint in this build's format."""
+    version = _format(state, "gradzip.fsdp", format_0=False)
+    _require(state, ("spec", "state"), "gradzip.fsdp")
+    if version < 3:
+        state = {**state, "spec": _written_under_layers_off(state["spec"])}
+    return state
+
+
 def format_1_state(state, door: str, fields: tuple) -> dict:
-    """A checkpoint of a door that format 1 introduced (FSDP, DiLoCo, the backend)."""
+    """A checkpoint of a door that format 1 introduced (DiLoCo, the backend)."""
     _format(state, door, format_0=False)
     _require(state, fields, door)
     return state

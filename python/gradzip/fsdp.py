@@ -11,7 +11,13 @@ the P pieces of its own shard in rank order into fp32 (docs/spec.md, "Reduce-sca
 Any element count, any world size; error feedback is kept per FSDP module and input size
 (key "<module name>:<numel>": FSDP leaves parameters without a gradient out), so it
 follows the module's gradients from step to step and through state_dict() /
-load_state_dict(). Given the optimizer, SGD's momentum moves into the reduce-scatter for
+load_state_dict(). Layer-aware (the spec's `layers`; auto: adapt for top-k, random-k, STC
+and QSGD, on for sign; CPU tensors): each rank's chunk of the input is its shard of every
+parameter with a gradient, in order, and each parameter's shard is compressed by itself
+(shards under 1024 elements exact), with layers=adapt at a density chosen per parameter,
+the same in every chunk. The layout is read from FSDP2's parameter groups; where it cannot
+be (an input whose size no group's parameters with requires_grad make, or a torch whose
+FSDP2 lacks the attributes), the chunk goes whole, with a warning once per module. Given the optimizer, SGD's momentum moves into the reduce-scatter for
 the codecs that take `momentum` (momentum correction: gradzip.momentum_folding). The
 spec's reduce_scatter key concerns the gradzip backend only: here
 the reduce-scatter is always the spec's. A reduce-scatter that goes exact (a dtype or op the
@@ -20,13 +26,15 @@ codec does not take, or one that compression would not shrink) warns once, namin
 The reduce-scatter runs over the group FSDP passes (its mesh's), or over `process_group`
 when given (the same ranks); gloo, nccl and gradzip groups all work.
 """
+import warnings
+
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ._extension import _C
-from .checkpoint import format_1_state, stamped
+from .checkpoint import fsdp_state, stamped
 from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
 from .options import Spec, bind_spec
@@ -53,6 +61,7 @@ class State:
         self.spec: Spec = bound
         self.process_group = process_group
         self._aggregation = _C.Aggregation(bound)
+        self.layer_aware: bool = self._aggregation.by_layers  # the spec's layers, auto resolved, not off
         self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
 
     def stats(self) -> dict:
@@ -68,32 +77,95 @@ class State:
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
-        state = format_1_state(state, "gradzip.fsdp", ("spec", "state"))
+        state = fsdp_state(state)
         if bind_spec(state["spec"]) != self.spec:
             hint = ""
-            if "momentum" in bind_spec(state["spec"]).params and "momentum" not in self.spec.params:
+            saved = bind_spec(state["spec"]).params
+            if "momentum" in saved and "momentum" not in self.spec.params:
                 hint = (" (its momentum came from the optimizer: give the optimizer before loading the "
                         "optimizer's state_dict, whose momentum is 0 once folded)")
+            elif "layers" in saved and "layers" not in self.spec.params:
+                hint = (" (a checkpoint of gradzip's format 1 or 2 compressed each chunk whole, as layers=off: "
+                        "give that spec to resume it as it ran)")
             raise ValueError(f"gradzip.fsdp: the saved state is for {state['spec']!r}, this State runs "
                              f"{str(self.spec)!r}{hint}")
         self._aggregation.load_state_dict(state["state"])
 
-    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group) -> None:
-        """Reduces `input` (group size × output.numel() elements) into this rank's `output`."""
+    def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group,
+                       pieces: list[tuple[str, int]] | None = None) -> None:
+        """Reduces `input` (group size × output.numel() elements) into this rank's `output`;
+        `pieces`: each chunk's (parameter name, numel) layout, or None (each chunk whole)."""
         group = self.process_group if self.process_group is not None else group
         transport = transport_of(group, input.device)
         if not self._node_levels_asked:  # every rank is in its first call: a collective point
             self._node_levels_asked = True
             use_node_levels(self._aggregation, self.spec, group, transport, input.device)
-        self._aggregation.reduce_scatter(output, input, key, op, transport)
+        self._aggregation.reduce_scatter(output, input, key, op, transport, pieces or [])
+
+
+def _group_layouts(module: FSDPModule) -> list[list[tuple[str, int, bool]]]:
+    """Each FSDP2 parameter group of `module`: its parameters' (name, numel of one rank's
+    padded shard, requires_grad), in the order FSDP2 lays out a reduce-scatter input."""
+    fsdp_state = module._get_fsdp_state()
+    groups = getattr(fsdp_state, "_fsdp_param_groups", None)
+    if groups is None:  # torch before parameter groups were a list
+        groups = [g for g in [getattr(fsdp_state, "_fsdp_param_group", None)] if g is not None]
+    layouts = []
+    for group in groups:
+        layout = []
+        for i, fsdp_param in enumerate(group.fsdp_params):
+            name = getattr(fsdp_param, "_param_fqn", None) or f"parameter {i}"
+            layout.append((name, fsdp_param.padded_sharded_param_size.numel(), fsdp_param.sharded_param.requires_grad))
+        layouts.append(layout)
+    return layouts
+
+
+def shard_layout(module: FSDPModule, chunk_numel: int) -> tuple[list[tuple[str, int]] | None, str]:
+    """The (parameter name, numel) pieces of each rank's chunk of `module`'s reduce-scatter
+    input of chunk_numel elements per rank, and "" ; or None and why it is not known."""
+    try:
+        layouts = _group_layouts(module)
+    except AttributeError as e:
+        return None, f"this torch's FSDP2 does not expose its parameter layout ({e})"
+    found = []  # the layouts whose parameters with a gradient could make the chunk
+    for layout in layouts:
+        candidates = [(name, numel) for name, numel, requires_grad in layout if requires_grad and numel > 0]
+        if sum(numel for _, numel in candidates) == chunk_numel:
+            found.append(candidates)  # every parameter had a gradient: the usual case
+        elif len(candidates) <= _MOST_PARAMETERS_SEARCHED:  # some had none this step: which?
+            found.extend(p for p in _subsets_of_size(candidates, chunk_numel) if p not in found)
+    if len(found) == 1:
+        return found[0], ""
+    if not found:
+        return None, (f"no parameter group's parameters with requires_grad make its chunk of {chunk_numel} "
+                      "elements")
+    return None, (f"{len(found)} sets of its parameters make its chunk of {chunk_numel} elements (parameters "
+                  "without a gradient this step, whose sizes do not tell which)")
+
+
+_MOST_PARAMETERS_SEARCHED = 16  # a module's parameters that shard_layout searches the subsets of
+
+
+def _subsets_of_size(pieces: list, total: int) -> list:
+    """Every ordered subset of `pieces` whose numels add up to `total` (a reduce-scatter
+    input leaves out the parameters without a gradient)."""
+    found = []
+    for mask in range(1, 1 << len(pieces)):
+        subset = [p for i, p in enumerate(pieces) if mask >> i & 1]
+        if sum(numel for _, numel in subset) == total:
+            found.append(subset)
+    return found
 
 
 class CompressedReduceScatter(ReduceScatter):
-    """FSDP2's ReduceScatter for one FSDP module, through a State under `key`."""
+    """FSDP2's ReduceScatter for one FSDP module, through a State under `key`; layer-aware
+    with the pieces shard_layout() reads from `module`."""
 
-    def __init__(self, state: State, key: str):
+    def __init__(self, state: State, key: str, module: FSDPModule):
         self.state = state
         self.key = key
+        self.module = module
+        self._said_whole = False
 
     def allocate(self, size, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         return torch.empty(*size, dtype=dtype, device=device)
@@ -105,7 +177,13 @@ class CompressedReduceScatter(ReduceScatter):
                              f"reduce-scatter group {group.size()}; they must be the same ranks")
         # FSDP leaves parameters without a gradient out of the input: each size the module's
         # input takes keeps its own error feedback.
-        self.state.reduce_scatter(output_tensor, input_tensor, f"{self.key}:{input_tensor.numel()}", op, group)
+        pieces, why = shard_layout(self.module, output_tensor.numel())
+        if pieces is None and not self._said_whole and self.state.layer_aware:
+            self._said_whole = True
+            warnings.warn(f"gradzip.fsdp: the reduce-scatter of FSDP module {self.key!r} compresses each chunk "
+                          f"whole, not parameter by parameter: {why}", stacklevel=2)
+        self.state.reduce_scatter(output_tensor, input_tensor, f"{self.key}:{input_tensor.numel()}", op, group,
+                                  pieces)
         return None
 
 
@@ -119,7 +197,7 @@ def compress(module: torch.nn.Module, spec, process_group=None, optimizer=None) 
     found = 0
     for name, sub in module.named_modules():
         if isinstance(sub, FSDPModule):
-            sub.set_custom_reduce_scatter(CompressedReduceScatter(state, name or "(root)"))
+            sub.set_custom_reduce_scatter(CompressedReduceScatter(state, name or "(root)", sub))
             found += 1
     if not found:
         raise ValueError("gradzip.fsdp.compress: the module holds no FSDP module; call fully_shard() on it first")

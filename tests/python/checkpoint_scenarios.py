@@ -24,7 +24,10 @@ SPECS = {
     # parameter, the small parameters would go exact, and this model's sums are not the
     # same bits from process to process).
     "hook_model": "sign:block=0,layers=off",
-    "fsdp": "stc:density=0.1",
+    # Each chunk whole, as formats 1 and 2 ran it (their files read as layers=off).
+    "fsdp": "stc:density=0.1,layers=off",
+    # Format 3 on: each parameter's shard by itself, a level chosen for each (layers=adapt).
+    "fsdp_layers": "stc:adapt_every=1,density=0.1",
     "diloco": "qsgd:bits=4,norm=max,ef=1",
     "backend": "topk:density=0.1",
 }
@@ -133,12 +136,12 @@ def _hook_model(rank, world_size, spec, saved):
     return _ddp_steps(rank, spec, saved, model_keyed=True)
 
 
-def _fsdp(rank, world_size, spec, saved):
+def _fsdp(rank, world_size, spec, saved, model=None):
     import gradzip
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     dist.init_process_group("gloo")
-    model = mlp()
+    model = model or mlp()
     mesh = init_device_mesh("cpu", (world_size,))
     for layer in (model[0], model[2]):
         fully_shard(layer, mesh=mesh)
@@ -162,6 +165,13 @@ def _fsdp(rank, world_size, spec, saved):
 
     return third_step(step, saved, lambda: {"shards": [p.to_local().detach() for p in model.parameters()],
                                             "fsdp": state.state_dict()}, load)
+
+
+def _fsdp_layers(rank, world_size, spec, saved):
+    """FSDP with weights whose shards are compressed (2 ranks: 1200 and 1500 elements)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 60), torch.nn.Tanh(), torch.nn.Linear(60, 50))
+    return _fsdp(rank, world_size, spec, saved, model)
 
 
 def _diloco(rank, world_size, spec, saved):

@@ -12,9 +12,10 @@ from ranks import run_ranks
 
 GOLDEN = Path(__file__).resolve().parent / "checkpoints"
 # Written by the builds that shipped each format (checkpoints/README.md).
-SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": tuple(SPECS), "format1": tuple(SPECS),
-        "format2": tuple(SPECS)}
-STAMPED = {"format1": 1, "format2": 2}
+BEFORE_3 = tuple(door for door in SPECS if door != "fsdp_layers")  # FSDP's layers came with format 3
+SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": BEFORE_3, "format1": BEFORE_3, "format2": BEFORE_3,
+        "format3": tuple(SPECS)}
+STAMPED = {"format1": 1, "format2": 2, "format3": 3}
 # Doors whose resumed step is not the writer's bit for bit, and why (checkpoint.py).
 NOT_BIT_EXACT = {}
 
@@ -27,12 +28,17 @@ def golden(name, door):
 def test_a_golden_checkpoint_resumes_as_its_writer_did(name, door):
     import gradzip
     saved = golden(name, door)
-    # A hook with the model of formats 0 and 1 reads as layers=off, the default it ran under.
-    reads_as = gradzip.checkpoint.hook_state(saved["checkpoints"][0]["hook"])["spec"] if door.startswith("hook") \
-        else saved["spec"]
+    # A hook with the model of formats 0 and 1, and FSDP before format 3, read as layers=off,
+    # the default they ran under.
+    if door.startswith("hook"):
+        reads_as = gradzip.checkpoint.hook_state(saved["checkpoints"][0]["hook"])["spec"]
+    elif door.startswith("fsdp"):
+        reads_as = gradzip.checkpoint.fsdp_state(saved["checkpoints"][0]["fsdp"])["spec"]
+    else:
+        reads_as = saved["spec"]
     assert reads_as == SPECS[door] and saved["world_size"] == 2
     if name in STAMPED:
-        stamps = [c["fsdp"] if door == "fsdp" else c["diloco"] if door == "diloco" else
+        stamps = [c["fsdp"] if door.startswith("fsdp") else c["diloco"] if door == "diloco" else
                   c["hook"] if door.startswith("hook") else c for c in saved["checkpoints"]]
         assert all(s["format"] == STAMPED[name] for s in stamps)
     resumed = run_ranks(_resume, 2, door, saved["checkpoints"])
@@ -47,10 +53,10 @@ def _resume(rank, world_size, door, checkpoints):
 
 
 def test_the_golden_files_are_this_builds_format():
-    """What this build writes today is what format1/ holds (the same scenario, run now)."""
+    """What this build writes today is what the newest folder holds (the same scenario, run now)."""
     import gradzip
     now = run_ranks(scenario, 2, "aggregation")
-    saved = golden("format2", "aggregation")
+    saved = golden("format3", "aggregation")
     for mine, theirs in zip(now, saved["checkpoints"]):
         assert mine["checkpoint"]["format"] == gradzip.checkpoint.FORMAT == theirs["format"]
         assert sorted(mine["checkpoint"]["tensors"]) == sorted(theirs["tensors"])
@@ -86,6 +92,19 @@ def test_a_hook_with_the_model_before_format_2_reads_as_layers_off(name):
     assert gradzip.checkpoint.hook_state(plain)["spec"] == SPECS["hook"]
 
 
+@pytest.mark.parametrize("name", ["format1", "format2"])
+def test_an_fsdp_state_before_format_3_reads_as_layers_off(name):
+    """Formats 1 and 2 compressed FSDP's chunks whole: their spec reads as layers=off, and
+    a State of the bare spec (layer-aware now) refuses them by name."""
+    import gradzip
+    saved = golden(name, "fsdp")["checkpoints"][0]["fsdp"]
+    assert saved["spec"] == "stc:density=0.1"
+    assert gradzip.checkpoint.fsdp_state(saved)["spec"] == "stc:density=0.1,layers=off"
+    with pytest.raises(ValueError, match=r"saved state is for 'stc:density=0.1,layers=off'.*format 1 or 2 "
+                                         r"compressed each chunk whole"):
+        gradzip.fsdp.State("stc:density=0.1").load_state_dict(saved)
+
+
 @pytest.mark.parametrize("door,read", [("gradzip.hooks", "hook_state"), ("gradzip.Aggregation", "aggregation_state")])
 def test_a_newer_or_damaged_format_is_refused_by_name(door, read):
     import gradzip.checkpoint as checkpoint
@@ -93,7 +112,7 @@ def test_a_newer_or_damaged_format_is_refused_by_name(door, read):
     state = state if read == "aggregation_state" else state["hook"]
     reader = getattr(checkpoint, read)
     with pytest.raises(checkpoint.CheckpointError, match=rf"{door}: the checkpoint is format 7, written by a newer "
-                                                          rf"gradzip; this build reads formats 0 to 2"):
+                                                          rf"gradzip; this build reads formats 0 to 3"):
         reader({**state, "format": 7})
     for bad in ("1", -1, 1.0, True):
         with pytest.raises(checkpoint.CheckpointError, match="not a format number"):
@@ -111,9 +130,11 @@ def test_a_newer_or_damaged_format_is_refused_by_name(door, read):
 
 def test_the_fsdp_diloco_and_backend_doors_refuse_a_newer_format():
     import gradzip.checkpoint as checkpoint
-    for door in ("gradzip.fsdp", "gradzip.diloco", "gradzip.load_state_dict"):
-        with pytest.raises(checkpoint.CheckpointError, match=rf"{door}: the checkpoint is format 3"):
-            checkpoint.format_1_state({"format": 3, "spec": "topk"}, door, ("spec",))
+    for door in ("gradzip.diloco", "gradzip.load_state_dict"):
+        with pytest.raises(checkpoint.CheckpointError, match=rf"{door}: the checkpoint is format 4"):
+            checkpoint.format_1_state({"format": 4, "spec": "topk"}, door, ("spec",))
+    with pytest.raises(checkpoint.CheckpointError, match=r"gradzip.fsdp: the checkpoint is format 4"):
+        checkpoint.fsdp_state({"format": 4, "spec": "topk", "state": {}})
 
 
 def _backend_refuses_another_spec(rank, world_size):
@@ -121,7 +142,7 @@ def _backend_refuses_another_spec(rank, world_size):
     import torch.distributed as dist
     dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="topk:density=0.1"))
     saved = gradzip.state_dict()
-    assert saved["format"] == 2 and saved["spec"] == "topk:density=0.1"
+    assert saved["format"] == 3 and saved["spec"] == "topk:density=0.1"
     try:
         gradzip.load_state_dict({**saved, "spec": "sign"})
     except gradzip.checkpoint.CheckpointError as e:

@@ -117,13 +117,15 @@ def test_reduce_scatter_through_the_gradzip_backend():
 
 
 class OddNet(torch.nn.Module):
-    """Layers whose sizes divide by no world size: FSDP pads, gradzip must not care."""
+    """Layers whose sizes divide by no world size: FSDP pads, gradzip must not care. The
+    weights of a and b shard into pieces of at least 1024 elements at 2, 3 and 4 ranks,
+    which layer-aware compression compresses (smaller ones go exact)."""
 
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(13, 29)
-        self.b = torch.nn.Linear(29, 11)
-        self.c = torch.nn.Linear(11, 3)
+        self.a = torch.nn.Linear(37, 293)
+        self.b = torch.nn.Linear(293, 23)
+        self.c = torch.nn.Linear(23, 3)
 
     def forward(self, x):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
@@ -145,7 +147,7 @@ def sharded(world, spec, seed=0):
 
 def batch(rank, step):
     g = torch.Generator().manual_seed(100 * step + rank)
-    x = torch.randn(16, 13, generator=g)
+    x = torch.randn(16, 37, generator=g)
     return x, x[:, :3] - x[:, 3:6]
 
 
@@ -264,7 +266,7 @@ class Sometimes(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.a = torch.nn.Linear(13, 29)
+        self.a = torch.nn.Linear(37, 29)
         self.b = torch.nn.Linear(29, 3)
         self.skip = torch.nn.Linear(29, 3)
 
@@ -301,3 +303,131 @@ def test_fsdp2_bf16_reduce_dtype_and_unused_parameters():
         assert all(loss == loss for loss in losses) and losses[-1] < losses[0], losses
         assert len(keys) == 2, keys  # with and without the unused layer's gradient: a state each
         assert stats["calls"] == 12 and stats["bytes_sent"] < stats["dense_bytes"], stats
+
+
+PIECES = [("w", 3000), ("b", 100), ("v", 2000)]  # each rank's chunk: a weight's shard, a bias's, a louder weight's
+
+
+def chunk_inputs(rank, step, world):
+    """Per chunk, the pieces end to end; v 100 times louder than w, so that a selection
+    across the whole chunk would take v's elements only."""
+    x = inputs(rank, step, world * 5100).view(world, 5100)
+    x[:, 3100:] *= 100
+    return x.reshape(-1)
+
+
+def per_piece_topk(x, world):
+    """Each piece of each chunk: its ceil(1% · numel) largest magnitudes (top-k), pieces
+    under 1024 elements whole."""
+    out = torch.zeros_like(x, dtype=torch.float64).view(world, 5100)
+    rows = x.view(world, 5100)
+    offset = 0
+    for _, numel in PIECES:
+        piece = rows[:, offset:offset + numel]
+        if numel < 1024:
+            out[:, offset:offset + numel] = piece.double()
+        else:
+            keep = piece.abs().topk(-(-numel // 100), dim=1).indices
+            out[:, offset:offset + numel].scatter_(1, keep, piece.gather(1, keep).double())
+        offset += numel
+    return out.view(-1)
+
+
+def layered_reduce_scatter(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    results = {}
+    for layers in ("on", "off"):
+        state = gradzip.fsdp.State(f"topk:density=0.01,layers={layers}")
+        out = torch.empty(5100)
+        state.reduce_scatter(out, chunk_inputs(rank, 0, world), "m", dist.ReduceOp.SUM, dist.group.WORLD, PIECES)
+        results[layers] = out
+    # layers=adapt (the default for STC): levels per piece, kept, resumed, the same on every rank.
+    state = gradzip.fsdp.State("stc:density=0.01,adapt_every=1")
+    outs = []
+    for step in range(3):
+        out = torch.empty(5100)
+        state.reduce_scatter(out, chunk_inputs(rank, step, world), "m", dist.ReduceOp.AVG, dist.group.WORLD, PIECES)
+        outs.append(out)
+    saved = state.state_dict()
+    later = torch.empty(5100)
+    state.reduce_scatter(later, chunk_inputs(rank, 3, world), "m", dist.ReduceOp.AVG, dist.group.WORLD, PIECES)
+    resumed = gradzip.fsdp.State("stc:density=0.01,adapt_every=1")
+    resumed.load_state_dict(saved)
+    again = torch.empty(5100)
+    resumed.reduce_scatter(again, chunk_inputs(rank, 3, world), "m", dist.ReduceOp.AVG, dist.group.WORLD, PIECES)
+    levels = {k: int(v) for k, v in saved["state"].items() if k.endswith("/level")}
+    bad = torch.empty(5100)
+    try:
+        state.reduce_scatter(bad, chunk_inputs(rank, 4, world), "m", dist.ReduceOp.AVG, dist.group.WORLD,
+                             [("w", 3000), ("b", 100)])
+        refused = ""
+    except RuntimeError as e:
+        refused = str(e)
+    return results, levels, torch.equal(later, again), refused
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_reduce_scatter_of_pieces_compresses_each_piece_of_each_chunk(world):
+    results = run_ranks(layered_reduce_scatter, world)
+    total = sum(per_piece_topk(chunk_inputs(r, 0, world), world) for r in range(world))
+    for rank, (by_layer, levels, resumed_equal, refused) in enumerate(results):
+        expected = shard_of(total, rank, world)
+        assert torch.allclose(by_layer["on"].double(), expected, rtol=1e-6, atol=1e-5)
+        # Across the whole chunk the loud piece takes every selected place: w gets nothing.
+        assert by_layer["off"][:3000].abs().sum() == 0 < by_layer["on"][:3000].abs().sum()
+        assert torch.equal(by_layer["off"][3000:3100], torch.zeros(100))  # the bias is not selected either
+        # adapt: a level per compressed piece (the bias goes exact), the same on every rank.
+        assert sorted(levels) == ["m/v/level", "m/w/level"], levels
+        assert levels["m/v/level"] > levels["m/w/level"], levels  # the louder piece is sent denser
+        assert levels == results[0][1]
+        assert resumed_equal
+        assert "reduce_scatter's pieces hold 3100 elements, each rank's chunk (the output) 5100" in refused
+
+
+def fsdp_layouts(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    model, state, opt = sharded(world, "stc:density=0.1")
+    seen = {}
+    reduce_scatter = state.reduce_scatter
+
+    def recording(output, input, key, op, group, pieces=None):
+        seen[key] = pieces
+        reduce_scatter(output, input, key, op, group, pieces)
+
+    state.reduce_scatter = recording
+    train(model, opt, rank, 2)
+    levels = sorted(k for k in state.state_dict()["state"] if k.endswith("/level"))
+
+    torch.manual_seed(0)
+    sometimes = Sometimes()
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    fully_shard(sometimes, mesh=init_device_mesh("cpu", (world,)))
+    gradzip.fsdp.compress(sometimes, "stc:density=0.1")
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        for use_skip in (True, False, False):
+            x, y = batch(rank, 0)
+            torch.nn.functional.mse_loss(sometimes(x, use_skip), y).backward()
+    return seen, levels, [str(w.message) for w in said if "gradzip.fsdp" in str(w.message)]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_fsdp_layer_aware_reads_each_parameters_shard_from_fsdp2(world):
+    def shard(rows, cols):
+        return -(-rows // world) * cols
+    for seen, levels, said in run_ranks(fsdp_layouts, world):
+        n = {name: world * sum(numel for _, numel in pieces) for name, pieces in
+             {"a": [(0, shard(293, 37)), (0, shard(293, 1))], "b": [(0, shard(23, 293)), (0, shard(23, 1))],
+              "c": [(0, shard(3, 23)), (0, shard(3, 1))]}.items()}
+        assert seen == {f"a:{n['a']}": [("a.weight", shard(293, 37)), ("a.bias", shard(293, 1))],
+                        f"b:{n['b']}": [("b.weight", shard(23, 293)), ("b.bias", shard(23, 1))],
+                        f"c:{n['c']}": [("c.weight", shard(3, 23)), ("c.bias", shard(3, 1))]}, seen
+        # The bare STC spec is layers=adapt: a level for each weight's shard of at least 1024 elements.
+        assert levels == [f"a:{n['a']}/a.weight/level", f"b:{n['b']}/b.weight/level"], levels
+        # A layer without a gradient on some steps, of the same sizes as another: which one is
+        # left out cannot be told, and the chunk goes whole, said once.
+        assert len(said) == 1 and "'(root)' compresses each chunk whole" in said[0] and "sets of its parameters" \
+            in said[0], said
