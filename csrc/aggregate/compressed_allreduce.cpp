@@ -131,18 +131,36 @@ at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momen
 
 // Factor masking, after the encode: u is zeroed where the residual no longer holds
 // residual + u, i.e. where the encode sent something. On the host in one pass that
-// writes only those elements (no n-byte mask).
-void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent) {
+// writes only those elements (no n-byte mask). A tensor of `pieces` (layer-aware; empty:
+// one codec, which selects) is masked only in the pieces whose codec selects: a piece
+// sent whole (a small one, exact) keeps u, as momentum SGD's buffer, where masking would
+// reset it every step and leave that parameter no momentum at all.
+void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent,
+                   const std::vector<CodecPiece>& pieces) {
   if (!state.velocity.is_cpu()) {
+    TORCH_INTERNAL_ASSERT(pieces.empty(), "gradzip: layer-aware momentum masking runs on the host");
     state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
     return;
   }
   float* u = state.velocity.data_ptr<float>();
   const float* residual = call.worker_residual.data_ptr<float>();
   const float* kept = unsent.data_ptr<float>();
-  for (int64_t i = 0, n = unsent.numel(); i < n; ++i) {
-    if (residual[i] != kept[i]) u[i] = 0.0f;
+  const auto mask = [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      if (residual[i] != kept[i]) u[i] = 0.0f;
+    }
+  };
+  if (pieces.empty()) {
+    mask(0, unsent.numel());
+    return;
   }
+  int64_t offset = 0;
+  for (const auto& piece : pieces) {
+    if (piece.codec->selects()) mask(offset, offset + piece.numel);
+    offset += piece.numel;
+  }
+  TORCH_INTERNAL_ASSERT(offset == unsent.numel(), "gradzip: the pieces hold ", offset, " elements, the velocity ",
+                        unsent.numel());
 }
 
 // What an encode of `tensor` under `state` compresses: the input (into the velocity with
@@ -630,7 +648,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
   const auto codec = how.pieces.empty() ? tensor_codec(how.codec, device) : piecewise_codec(how.pieces);
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
-  if (unsent.defined()) mask_momentum(state, call, unsent);
+  if (unsent.defined()) mask_momentum(state, call, unsent, how.pieces);
   if (majority_) sum.sign_();
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
@@ -720,8 +738,6 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
   take_step(state, key, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();
   call.rounds = rounds_for(input);
-  const at::Tensor unsent =
-      momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
   // Layer-aware: the layout's pieces in every chunk the compressed exchange sees (the
   // ranks', or across nodes the lane's), each piece at the same codec in every chunk.
   std::vector<CodecPiece> pieces;
@@ -730,6 +746,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
     const int chunks = hierarchy ? hierarchy->levels.lane->getSize() : ranks;
     for (int c = 0; c < chunks; ++c) pieces.insert(pieces.end(), chunk.begin(), chunk.end());
   }
+  const at::Tensor unsent =
+      momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
+  TORCH_INTERNAL_ASSERT(!unsent.defined() || !hierarchy, "gradzip: momentum correction stays flat");
+  const std::vector<CodecPiece> masked_pieces = unsent.defined() ? pieces : std::vector<CodecPiece>();
   lock.unlock();
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
@@ -737,7 +757,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
   const auto tensor = pieces.empty() ? tensor_codec(codec, device) : piecewise_codec(std::move(pieces));
   const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)
                                  : compressed_reduce_scatter(*tensor, *codec, call, shard, transport);
-  if (unsent.defined()) mask_momentum(state, call, unsent);
+  if (unsent.defined()) mask_momentum(state, call, unsent, masked_pieces);
   if (majority_) shard.sign_();
   output.copy_(shard.view(output.sizes()));
   stats.add(sent, sent, (ranks - 1) * output.numel() * 4);

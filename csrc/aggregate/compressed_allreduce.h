@@ -33,7 +33,8 @@
 // it, agree first like error feedback). Momentum correction (DGC, `momentum` m, with
 // error feedback): the worker encodes its velocity u ← m·u + x instead of x, and, for a
 // selection codec, sets u to 0 where its encode sent something (factor masking; sign
-// sends every element and keeps u whole: 1-bit SGD with momentum); the caller's
+// sends every element and keeps u whole: 1-bit SGD with momentum; layer-aware, so do the
+// pieces sent whole, exact); the caller's
 // optimizer then runs without momentum. State is kept under the caller's key: the
 // backend derives keys from the call sequence, the DDP hook uses bucket indices or
 // parameter names, the model-level API parameter names. Calls for one key must not run

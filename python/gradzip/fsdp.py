@@ -128,22 +128,28 @@ def shard_layout(module: FSDPModule, chunk_numel: int) -> tuple[list[tuple[str, 
     except AttributeError as e:
         return None, f"this torch's FSDP2 does not expose its parameter layout ({e})"
     found = []  # the layouts whose parameters with a gradient could make the chunk
+    unsearched = False
     for layout in layouts:
         candidates = [(name, numel) for name, numel, requires_grad in layout if requires_grad and numel > 0]
         if sum(numel for _, numel in candidates) == chunk_numel:
             found.append(candidates)  # every parameter had a gradient: the usual case
         elif len(candidates) <= _MOST_PARAMETERS_SEARCHED:  # some had none this step: which?
             found.extend(p for p in _subsets_of_size(candidates, chunk_numel) if p not in found)
+        else:
+            unsearched = True
     if len(found) == 1:
         return found[0], ""
     if not found:
+        if unsearched:
+            return None, (f"some of its parameters had no gradient this step, and with more than "
+                          f"{_MOST_PARAMETERS_SEARCHED} parameters which ones is not searched for")
         return None, (f"no parameter group's parameters with requires_grad make its chunk of {chunk_numel} "
                       "elements")
     return None, (f"{len(found)} sets of its parameters make its chunk of {chunk_numel} elements (parameters "
                   "without a gradient this step, whose sizes do not tell which)")
 
 
-_MOST_PARAMETERS_SEARCHED = 16  # a module's parameters that shard_layout searches the subsets of
+_MOST_PARAMETERS_SEARCHED = 12  # a module's parameters whose subsets shard_layout searches (4096 sums)
 
 
 def _subsets_of_size(pieces: list, total: int) -> list:

@@ -275,6 +275,18 @@ class Sometimes(torch.nn.Module):
         return self.b(h) + self.skip(h) if use_skip else self.b(h)
 
 
+class SometimesWider(Sometimes):
+    """Sometimes, with an unused layer unlike any other."""
+
+    def __init__(self):
+        super().__init__()
+        self.skip = torch.nn.Linear(29, 5)
+
+    def forward(self, x, use_skip):
+        h = torch.tanh(self.a(x))
+        return self.b(h) + self.skip(h)[:, :3] if use_skip else self.b(h)
+
+
 def mixed_precision_and_unused(rank, world):
     import gradzip
     from torch.distributed.device_mesh import init_device_mesh
@@ -411,14 +423,29 @@ def fsdp_layouts(rank, world):
         for use_skip in (True, False, False):
             x, y = batch(rank, 0)
             torch.nn.functional.mse_loss(sometimes(x, use_skip), y).backward()
-    return seen, levels, [str(w.message) for w in said if "gradzip.fsdp" in str(w.message)]
+    # An unused layer of a size of its own: the layout without it is told apart.
+    torch.manual_seed(0)
+    wider = SometimesWider()
+    fully_shard(wider, mesh=init_device_mesh("cpu", (world,)))
+    wider_state = gradzip.fsdp.compress(wider, "stc:density=0.1")
+    wider_seen = []
+    wider_reduce_scatter = wider_state.reduce_scatter
+    wider_state.reduce_scatter = lambda o, i, k, op, g, pieces=None: (wider_seen.append(pieces),
+                                                                       wider_reduce_scatter(o, i, k, op, g, pieces))
+    with warnings.catch_warnings(record=True) as wider_said:
+        warnings.simplefilter("always")
+        for use_skip in (True, False):
+            x, y = batch(rank, 0)
+            torch.nn.functional.mse_loss(wider(x, use_skip), y).backward()
+    return (seen, levels, [str(w.message) for w in said if "gradzip.fsdp" in str(w.message)],
+            wider_seen, [str(w.message) for w in wider_said if "gradzip.fsdp" in str(w.message)])
 
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_fsdp_layer_aware_reads_each_parameters_shard_from_fsdp2(world):
     def shard(rows, cols):
         return -(-rows // world) * cols
-    for seen, levels, said in run_ranks(fsdp_layouts, world):
+    for seen, levels, said, wider_seen, wider_said in run_ranks(fsdp_layouts, world):
         n = {name: world * sum(numel for _, numel in pieces) for name, pieces in
              {"a": [(0, shard(293, 37)), (0, shard(293, 1))], "b": [(0, shard(23, 293)), (0, shard(23, 1))],
               "c": [(0, shard(3, 23)), (0, shard(3, 1))]}.items()}
@@ -431,3 +458,48 @@ def test_fsdp_layer_aware_reads_each_parameters_shard_from_fsdp2(world):
         # left out cannot be told, and the chunk goes whole, said once.
         assert len(said) == 1 and "'(root)' compresses each chunk whole" in said[0] and "sets of its parameters" \
             in said[0], said
+        used = [("a.weight", shard(29, 37)), ("a.bias", shard(29, 1)), ("b.weight", shard(3, 29)),
+                ("b.bias", shard(3, 1))]
+        assert wider_seen == [used + [("skip.weight", shard(5, 29)), ("skip.bias", shard(5, 1))], used], wider_seen
+        assert wider_said == []
+
+
+def hierarchical_pieces(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    state = gradzip.fsdp.State("topk:density=0.01,layers=on")
+    out = torch.empty(5100)
+    state.reduce_scatter(out, chunk_inputs(rank, 0, world), "m", dist.ReduceOp.SUM, dist.group.WORLD, PIECES)
+    return out
+
+
+def test_across_nodes_each_lane_chunk_is_compressed_piece_by_piece():
+    """2 nodes × 2 ranks: the node's exact sum, then each piece of each chunk selected by
+    itself across the nodes."""
+    outs = run_ranks(hierarchical_pieces, 4, env={"GRADZIP_NODE_SIZE": "2"})
+    node_sums = [chunk_inputs(k, 0, 4) + chunk_inputs(k + 1, 0, 4) for k in (0, 2)]
+    total = sum(per_piece_topk(s, 4) for s in node_sums)
+    for rank, out in enumerate(outs):
+        assert torch.allclose(out.double(), shard_of(total, rank, 4), rtol=1e-6, atol=1e-4)
+
+
+def momentum_of_pieces(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    state = gradzip.fsdp.State("stc:density=0.01,momentum=0.9,layers=on")
+    for step in range(2):
+        state.reduce_scatter(torch.empty(5100), chunk_inputs(rank, step, world), "m", dist.ReduceOp.AVG,
+                             dist.group.WORLD, PIECES)
+    return state.state_dict()["state"]["m/velocity"]
+
+
+def test_momentum_correction_keeps_the_velocity_of_a_piece_sent_whole():
+    """Factor masking zeroes the velocity where a selection sent something; a piece sent
+    whole (the small bias, exact) keeps it, as SGD's momentum buffer: 0.9·x0 + x1."""
+    world = 2
+    for rank, velocity in enumerate(run_ranks(momentum_of_pieces, world)):
+        u = velocity.view(world, 5100)
+        x0, x1 = (chunk_inputs(rank, step, world).view(world, 5100) for step in range(2))
+        assert torch.allclose(u[:, 3000:3100], 0.9 * x0[:, 3000:3100] + x1[:, 3000:3100])
+        selected = (u[:, :3000] == 0).sum(dim=1)  # w: masked where sent (30 a step, at most 60)
+        assert ((selected >= 30) & (selected <= 60)).all(), selected
