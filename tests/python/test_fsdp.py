@@ -441,7 +441,7 @@ def fsdp_layouts(rank, world):
             wider_seen, [str(w.message) for w in wider_said if "gradzip.fsdp" in str(w.message)])
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("world", [3])  # padded shards; 2 ranks run in the golden checkpoint's fsdp_layers
 def test_fsdp_layer_aware_reads_each_parameters_shard_from_fsdp2(world):
     def shard(rows, cols):
         return -(-rows // world) * cols
