@@ -74,6 +74,22 @@ def _written_under_layers_off(spec: str) -> str:
     return str(bind_spec(f"{spec}{',' if ':' in spec else ':'}layers=off"))
 
 
+def require_same_spec(door: str, saved: str, running, layers_was_off: str, give: str) -> None:
+    """Refuses a checkpoint whose spec is not `running` (a bound Spec), naming both; the
+    hint says what a spec that differs only by a key gradzip itself adds means: `layers`
+    (a format that ran with layers=off, `layers_was_off` says which) or `momentum`
+    (folded in from the optimizer: `give` is the hint's "give ... the optimizer")."""
+    if bind_spec(saved) == running:
+        return
+    keys, hint = bind_spec(saved).params, ""
+    if "layers" in keys and "layers" not in running.params:
+        hint = f" (a checkpoint of gradzip's {layers_was_off}: give that spec to resume it as it ran)"
+    elif "momentum" in keys and "momentum" not in running.params:
+        hint = (f" (its momentum came from the optimizer: {give} the optimizer before loading the "
+                "optimizer's state_dict, whose momentum is 0 once folded)")
+    raise ValueError(f"{door}: the saved state is for {saved!r}, this State runs {str(running)!r}{hint}")
+
+
 def aggregation_state(state) -> dict:
     """A gradzip.Aggregation checkpoint in this build's format."""
     tensors = state.get("tensors") if isinstance(state, dict) else None

@@ -34,7 +34,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ._extension import _C
-from .checkpoint import fsdp_state, stamped
+from .checkpoint import fsdp_state, require_same_spec, stamped
 from .fsdp_layout import shard_layout
 from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
@@ -79,17 +79,8 @@ class State:
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = fsdp_state(state)
-        if bind_spec(state["spec"]) != self.spec:
-            hint = ""
-            saved = bind_spec(state["spec"]).params
-            if "momentum" in saved and "momentum" not in self.spec.params:
-                hint = (" (its momentum came from the optimizer: give the optimizer before loading the "
-                        "optimizer's state_dict, whose momentum is 0 once folded)")
-            elif "layers" in saved and "layers" not in self.spec.params:
-                hint = (" (a checkpoint of gradzip's format 1 or 2 compressed each chunk whole, as layers=off: "
-                        "give that spec to resume it as it ran)")
-            raise ValueError(f"gradzip.fsdp: the saved state is for {state['spec']!r}, this State runs "
-                             f"{str(self.spec)!r}{hint}")
+        require_same_spec("gradzip.fsdp", state["spec"], self.spec,
+                          "format 1 or 2 compressed each chunk whole, as layers=off", "give")
         self._aggregation.load_state_dict(state["state"])
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group,

@@ -33,7 +33,7 @@ import torch.distributed as dist
 
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
-from .checkpoint import hook_state, stamped
+from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import fold_optimizer_momentum
 from .options import Spec, bind_spec
 
@@ -99,17 +99,8 @@ class State:
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = hook_state(state)
-        if bind_spec(state["spec"]) != self.spec:
-            hint = ""
-            saved = bind_spec(state["spec"]).params
-            if "layers" in saved and "layers" not in self.spec.params:
-                hint = (" (a checkpoint of gradzip's format 0 or 1 ran with layers=off, the default then: give "
-                        "State that spec to resume it as it ran)")
-            elif "momentum" in saved and "momentum" not in self.spec.params:
-                hint = (" (its momentum came from the optimizer: give State the optimizer before loading the "
-                        "optimizer's state_dict, whose momentum is 0 once folded)")
-            raise ValueError(f"gradzip.hooks: the saved state is for {state['spec']!r}, this State runs "
-                             f"{str(self.spec)!r}{hint}")
+        require_same_spec("gradzip.hooks", state["spec"], self.spec,
+                          "format 0 or 1 ran with layers=off, the default then", "give State")
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
         self._aggregation.load_state_dict(state["state"])
 

@@ -214,23 +214,29 @@ def test_fsdp2_compressed_reduce_scatter(world):
         assert resumed_equal
 
 
-def folded_momentum_training(rank, world):
-    """Bare STC with the optimizer's momentum given to compress(), against the spec with
-    momentum=0.9 and an optimizer without it: the same training, bit for bit."""
+def sharded_with_optimizer(world, spec, lr, momentum):
+    """OddNet under FSDP2 with SGD(lr, momentum) given to compress() (spec None: exact)."""
     import gradzip
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
+    torch.manual_seed(0)
+    model = OddNet()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model.a, model.b, model.c):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    state = gradzip.fsdp.compress(model, spec, optimizer=opt) if spec else None
+    return model, state, opt
+
+
+def folded_momentum_training(rank, world):
+    """Bare STC with the optimizer's momentum given to compress(), against the spec with
+    momentum=0.9 and an optimizer without it: the same training, bit for bit."""
     dist.init_process_group("gloo")
     results = []
     for spec, momentum in (("stc:density=0.1", 0.9), ("stc:density=0.1,momentum=0.9", 0.0)):
-        torch.manual_seed(0)
-        model = OddNet()
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in (model.a, model.b, model.c):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-        state = gradzip.fsdp.compress(model, spec, optimizer=opt)
+        model, state, opt = sharded_with_optimizer(world, spec, 0.1, momentum)
         losses = train(model, opt, rank, 20)
         results.append((local(model), str(state.spec), opt.param_groups[0]["momentum"], losses))
     return results
@@ -507,21 +513,10 @@ def test_momentum_correction_keeps_the_velocity_of_a_piece_sent_whole():
 
 def short_horizon(rank, world):
     """60 steps of exact FSDP and of bare STC 5% with the optimizer's momentum given."""
-    import gradzip
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
     dist.init_process_group("gloo")
     ends = {}
     for spec in (None, "stc:density=0.05"):
-        torch.manual_seed(0)
-        model = OddNet()
-        mesh = init_device_mesh("cpu", (world,))
-        for layer in (model.a, model.b, model.c):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        if spec:
-            gradzip.fsdp.compress(model, spec, optimizer=opt)
+        model, _, opt = sharded_with_optimizer(world, spec, 0.05, 0.9)
         losses = train(model, opt, rank, 60)
         ends[spec] = sum(losses[-10:]) / 10
     return ends
