@@ -230,8 +230,8 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
           SpecKey::choice("layers", "auto", {"auto", "off", "on", "adapt"},
                           "on a tensor made of named parameters (the DDP hook with model=, the FSDP door's "
-                          "shards): on compresses each parameter by itself (top-k's selection, sign's blocks, QSGD's buckets within it) and "
-                          "sends parameters under 1024 elements exact (CPU tensors); adapt as on, each parameter "
+                          "shards): on compresses each parameter by itself (top-k's selection, sign's blocks, "
+                          "QSGD's buckets within it) and sends parameters under 1024 elements exact (CPU tensors); adapt as on, each parameter "
                           "at the density (levels) of ×1/8..×8 the spec's that minimises the bucket's compression "
                           "error within the bytes of the spec's everywhere, agreed by all ranks every adapt_every "
                           "calls; off: the bucket as one tensor; auto: adapt for topk, randomk, stc and qsgd, on "

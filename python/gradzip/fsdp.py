@@ -15,12 +15,13 @@ load_state_dict(). Layer-aware (the spec's `layers`; auto: adapt for top-k, rand
 and QSGD, on for sign; CPU tensors): each rank's chunk of the input is its shard of every
 parameter with a gradient, in order, and each parameter's shard is compressed by itself
 (shards under 1024 elements exact), with layers=adapt at a density chosen per parameter,
-the same in every chunk. The layout is read from FSDP2's parameter groups; where it cannot
-be (an input whose size no group's parameters with requires_grad make, or a torch whose
-FSDP2 lacks the attributes), the chunk goes whole, with a warning once per module. Given the optimizer, SGD's momentum moves into the reduce-scatter for
-the codecs that take `momentum` (momentum correction: gradzip.momentum_folding). The
-spec's reduce_scatter key concerns the gradzip backend only: here
-the reduce-scatter is always the spec's. A reduce-scatter that goes exact (a dtype or op the
+the same in every chunk. The layout is read from FSDP2's parameter groups
+(gradzip.fsdp_layout); where it cannot be (parameters without a gradient this step that
+their sizes do not tell apart, or a torch whose FSDP2 lacks the attributes), the chunk goes
+whole, with a warning once per module. Given the optimizer, SGD's momentum moves into the
+reduce-scatter for the codecs that take `momentum` (momentum correction:
+gradzip.momentum_folding). The spec's reduce_scatter key concerns the gradzip backend
+only: here the reduce-scatter is always the spec's. A reduce-scatter that goes exact (a dtype or op the
 codec does not take, or one that compression would not shrink) warns once, naming why.
 
 The reduce-scatter runs over the group FSDP passes (its mesh's), or over `process_group`
