@@ -71,7 +71,7 @@ def node_egress_bytes(spec, numel, nodes, per_node):
     else:
         flat_bytes = flat[flat["choice"]]
     shard = -(-numel // per_node)
-    lane = gradzip.exchange_plan(spec, shard, nodes)
+    lane = gradzip.exchange_plan(spec, shard, nodes, link_shared_by=per_node)
     return {"gloo": flat["dense"], "flat": flat_bytes, "hierarchical": per_node * lane[lane["choice"]],
             "flat_scheme": flat["choice"], "lane_scheme": lane["choice"]}
 
@@ -126,8 +126,8 @@ def predict_seconds(spec, numel, nodes, per_node, rate, codec, copy_bandwidth):
     shard = -(-numel // per_node)
     flat = exchange_seconds(gradzip.exchange_plan(spec, numel, ranks), 8 * egress["flat"] / rate,
                             *codec(spec, numel), ranks)
-    lane = exchange_seconds(gradzip.exchange_plan(spec, shard, nodes), 8 * egress["hierarchical"] / rate,
-                            *codec(spec, shard), nodes)
+    lane_plan = gradzip.exchange_plan(spec, shard, nodes, link_shared_by=per_node)
+    lane = exchange_seconds(lane_plan, 8 * egress["hierarchical"] / rate, *codec(spec, shard), nodes)
     memory = {h: memory_bytes(spec, numel, per_node, h) / copy_bandwidth for h in (False, True)}
     return {"gloo": 8 * egress["gloo"] / rate, "flat": memory[False] + flat, "hierarchical": memory[True] + lane}
 

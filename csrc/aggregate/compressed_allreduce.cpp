@@ -364,7 +364,7 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
     const ExchangeScheme across = choose_exchange_for(
         *plan.codec, exchange_,
         exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
-                      rounds_for(tensor)));
+                      lane_rounds(*plan.codec, shard, hierarchy->levels, rounds_for(tensor))));
     if (across == ExchangeScheme::kDense) return {};
     plan.scheme = ExchangeScheme::kHierarchical;
     plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()

@@ -39,11 +39,11 @@ Chunk exchange_chunk(int64_t n, int ranks, int j) {
   return {at(j), at(j + 1) - at(j)};
 }
 
-int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested) {
+int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested, int link_shared_by) {
   const int64_t smallest = ranks > 0 ? n / ranks : 0;
   int64_t rounds = requested;
   if (rounds <= 0) {
-    const int64_t first_phase = (ranks - 1) * slot_bytes(codec, largest_chunk(n, ranks));
+    const int64_t first_phase = link_shared_by * (ranks - 1) * slot_bytes(codec, largest_chunk(n, ranks));
     rounds = std::min<int64_t>({first_phase / kRoundBytes, kMaxRounds, smallest / kMinRoundElements});
   }
   return static_cast<int>(std::max<int64_t>(1, std::min(rounds, smallest)));

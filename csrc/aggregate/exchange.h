@@ -63,13 +63,14 @@ ExchangeRequest exchange_request(const Spec& spec);
 
 // The rounds of a two-phase exchange (or a compressed reduce-scatter) of n elements over
 // `ranks`: `requested` when it is above 0 (the spec's `rounds` key), else automatic:
-// one round per kRoundBytes of what a rank sends in the first phase, at most kMaxRounds,
-// and at most one per kMinRoundElements of a chunk. Never more rounds than elements in
-// the smallest chunk, never fewer than one.
+// one round per kRoundBytes of what the exchanges sharing a link send over it in the
+// first phase (`link_shared_by` exchanges alike: a hierarchical exchange's lanes share
+// their node's link), at most kMaxRounds, and at most one per kMinRoundElements of a
+// chunk. Never more rounds than elements in the smallest chunk, never fewer than one.
 constexpr int64_t kRoundBytes = int64_t{4} << 20;
 constexpr int kMaxRounds = 8;
 constexpr int64_t kMinRoundElements = 4096;
-int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0);
+int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0, int link_shared_by = 1);
 // The spec's `rounds` key: 0 (automatic) when it has none.
 int64_t rounds_request(const Spec& spec);
 
@@ -158,6 +159,10 @@ const Exchange& twophase_exchange();
 // The hierarchical exchange over `levels`, compressing across the nodes by `across`
 // (one-shot or two-phase). Its transport argument is the flat one (unused but for checks).
 std::unique_ptr<Exchange> hierarchical_exchange(NodeLevels levels, const Exchange& across);
+// The rounds of a lane's two-phase exchange across `levels`' nodes of a shard of `shard`
+// elements: exchange_rounds among the lane with the node's lanes counted together, since
+// they send over the node's one link at once.
+int lane_rounds(const Codec& codec, int64_t shard, const NodeLevels& levels, int64_t requested);
 // The exchange of a flat compressed scheme (one-shot or two-phase).
 const Exchange& exchange_of(ExchangeScheme scheme);
 

@@ -9,6 +9,11 @@
 #include "aggregate/node_shared_memory.h"
 
 namespace gradzip {
+
+int lane_rounds(const Codec& codec, int64_t shard, const NodeLevels& levels, int64_t requested) {
+  return exchange_rounds(codec, shard, levels.lane->getSize(), requested, levels.node->getSize());
+}
+
 namespace {
 
 class HierarchicalExchange final : public Exchange {
@@ -34,11 +39,13 @@ class HierarchicalExchange final : public Exchange {
  private:
   // Across the nodes, compressed: this rank's shard (`shard_x`, the node's exact sum of
   // it) among the ranks that hold it, with the worker residual of the shard's elements,
-  // into `shard_sum`. Returns the bytes sent, and what failed ("" when nothing did).
+  // into `shard_sum`, in the rounds of a lane whose node's link the node's other lanes
+  // share (lane_rounds). Returns the bytes sent, and what failed ("" when nothing did).
   std::pair<int64_t, std::string> across(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
                                          const Chunk& shard, const at::Tensor& shard_x, at::Tensor shard_sum) const {
     ExchangeCall inner = call;
     inner.x = shard_x;
+    inner.rounds = lane_rounds(host, shard.length, levels_, call.rounds);
     if (call.worker_residual.defined()) inner.worker_residual = call.worker_residual.narrow(0, shard.begin, shard.length);
     try {
       return {across_.allreduce(*PartCodec(codec, shard), host, inner, shard_sum, levels_.lane), ""};

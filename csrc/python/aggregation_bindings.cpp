@@ -42,21 +42,23 @@ std::vector<TensorPiece> to_pieces(const NamedPieces& pieces) {
 void bind_aggregation(py::module_& m) {
   m.def(
       "exchange_plan",
-      [](const BoundSpec& spec, int64_t numel, int world_size, int64_t element_size) {
+      [](const BoundSpec& spec, int64_t numel, int world_size, int64_t element_size, int link_shared_by) {
         const auto codec = spec.codec();
         TORCH_CHECK(codec && !spec.decentralized(), "gradzip: '", spec.str(),
                     "' is not a compressed all-reduce; it has no exchange");
-        TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1,
-                    "gradzip: exchange_plan needs numel >= 0, world_size >= 1 and element_size >= 1");
-        const ExchangeCost cost =
-            exchange_cost(*codec, numel, element_size, world_size, rounds_request(spec.spec()));
+        TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1 && link_shared_by >= 1,
+                    "gradzip: exchange_plan needs numel >= 0, world_size >= 1, element_size >= 1 and "
+                    "link_shared_by >= 1");
+        const int rounds = exchange_rounds(*codec, numel, world_size, rounds_request(spec.spec()), link_shared_by);
+        const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size, rounds);
         const ExchangeScheme choice =
             choose_exchange_for(*codec, exchange_request(spec.spec()), cost);
         return py::dict(py::arg("choice") = exchange_name(choice),
                         py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
                         py::arg("twophase") = cost.twophase, py::arg("rounds") = cost.rounds);
       },
-      py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"));
+      py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"),
+      py::arg("link_shared_by") = 1);
 
   py::class_<DirectAggregation, std::unique_ptr<DirectAggregation, ReleaseGilDelete>>(m, "Aggregation")
       .def(py::init<const BoundSpec&>(), py::arg("spec"))

@@ -356,3 +356,30 @@ def test_reduce_scatter_gives_each_rank_its_chunk_when_nodes_interleave():
         mine = exact[rank * m:(rank + 1) * m]
         assert torch.allclose(output.double(), mine, atol=1e-5 * world), (output.double() - mine).abs().max()
         assert sent > 0
+
+
+def one_large_fp16_call(rank, world, n):
+    """One fp16 all_reduce of n elements on a gradzip group: the result, the bytes sent."""
+    import gradzip
+    dist.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="fp16"))
+    x = inputs(rank, 0, n)
+    dist.all_reduce(x)
+    sent = gradzip.stats()["bytes_sent"]
+    dist.destroy_process_group()
+    return x, sent
+
+
+def test_a_lanes_rounds_count_every_lane_of_its_node():
+    """The lanes of a node share its link: a lane's automatic rounds count what all of
+    them send in the first phase (3 rounds here, where one lane's bytes alone make 1),
+    and the call sends the bytes of the lane's plan in those rounds."""
+    import gradzip
+    world, node_size, n = 4, 2, 3 << 22
+    shard = n // node_size
+    alone = gradzip.exchange_plan("fp16", shard, world // node_size)
+    shared = gradzip.exchange_plan("fp16", shard, world // node_size, link_shared_by=node_size)
+    assert (alone["rounds"], shared["rounds"], shared["choice"]) == (1, 3, "twophase")
+    outs = run_ranks(one_large_fp16_call, world, n, env={"GRADZIP_NODE_SIZE": str(node_size)})
+    assert all(torch.equal(outs[0][0], x) for x, _ in outs)
+    assert torch.allclose(outs[0][0].double(), world_inputs(world, 0, n), atol=3e-3 * world)
+    assert all(sent == shared["twophase"] for _, sent in outs), ([sent for _, sent in outs], shared, alone)
