@@ -177,9 +177,10 @@ int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, c
 // equal chunks of x): an exact fp32 reduce-scatter inside the node, where local rank l
 // gets the node's sum of the chunks of every rank of lane l (summed in local rank order;
 // in the node's shared memory for CPU tensors where it has it), then the compressed
-// reduce-scatter of those among the lane, which leaves each rank its own chunk. The
-// worker residual (x's length) goes into the node's exact sum; what the lane's encode
-// leaves unsent is kept in the residual's rows of the chunks this rank compressed.
+// reduce-scatter of those among the lane (in lane_rounds), which leaves each rank its
+// own chunk. The worker residual (x's length) goes into the node's exact sum; what the
+// lane's encode leaves unsent is kept in the residual's rows of the chunks this rank
+// compressed.
 // Returns the bytes this rank sent.
 int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
                                     const ExchangeCall& call, at::Tensor shard,

@@ -226,9 +226,10 @@ int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec&
     node_bytes = (local_ranks - 1) * row_bytes;
   }
   // Across the nodes: the lane's compressed reduce-scatter, with a residual of the lane's
-  // chunks (the rest of the worker residual went into the node's sum).
+  // chunks (the rest of the worker residual went into the node's sum), in a lane's rounds.
   ExchangeCall inner = call;
   inner.x = shard_x;
+  inner.rounds = lane_rounds(host, lane_length, levels, call.rounds);
   at::Tensor lane_residual;
   if (call.worker_residual.defined()) {
     call.worker_residual.zero_();

@@ -383,3 +383,24 @@ def test_a_lanes_rounds_count_every_lane_of_its_node():
     assert all(torch.equal(outs[0][0], x) for x, _ in outs)
     assert torch.allclose(outs[0][0].double(), world_inputs(world, 0, n), atol=3e-3 * world)
     assert all(sent == shared["twophase"] for _, sent in outs), ([sent for _, sent in outs], shared, alone)
+
+
+def reduce_scatter_bytes(rank, world, m, specs):
+    """Per spec, the bytes this rank sent in one compressed reduce-scatter of world × m."""
+    import gradzip
+    dist.init_process_group("gloo")
+    sent = []
+    for spec in specs:
+        state = gradzip.fsdp.State(spec)
+        state.reduce_scatter(torch.empty(m), inputs(rank, 0, world * m), "x", dist.ReduceOp.AVG, dist.group.WORLD)
+        sent.append(state.stats()["bytes_sent"])
+    dist.destroy_process_group()
+    return sent
+
+
+def test_a_reduce_scatters_lane_rounds_count_every_lane_of_its_node():
+    """The hierarchical reduce-scatter's lane takes the same rounds: 3 here (the node's two
+    lanes counted together), where one lane's bytes alone make 1."""
+    specs = ["fp16", "fp16:rounds=3", "fp16:rounds=1"]
+    for auto, three, one in run_ranks(reduce_scatter_bytes, 4, 3 << 20, specs, env={"GRADZIP_NODE_SIZE": "2"}):
+        assert auto == three != one, (auto, three, one)
