@@ -27,6 +27,9 @@
 //   c(n). Any worker residual is folded into the node's exact sum (nothing is lost
 //   when a tensor moves between a flat and a hierarchical exchange); the rank keeps a
 //   worker residual for its shard only.
+//   In the node's shared memory the exact reduce-scatter runs in the lane's two-phase
+//   rounds (ExchangeCall::before_round): the node writes and sums round s + 1 while the
+//   lane sends round s.
 // dense: the transport's own all-reduce, 2·(P − 1)/P·n·(element size) bytes per rank.
 // reduce-scatter: two-phase's first half; rank j ends with the sum of chunk j, decoded
 //   in rank order into fp32. Sends (P − 1)·c(n/P) bytes per rank, against the ring's
@@ -43,6 +46,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -137,6 +141,11 @@ struct ExchangeCall {
   // Where the transport takes its buffers (NCCL: the GPU, also for a codec that runs
   // on the host); slots are copied there and back when it is not x's device.
   at::Device transport_device = at::kCPU;
+  // Phase one (two-phase, reduce-scatter) calls it with s = 0, 1, …, rounds − 1, each
+  // before it reads round s's sub-pieces of x and of the worker residual: a hierarchical
+  // exchange writes that part of x there, so that its node stage of round s + 1 runs
+  // while round s is on the wire.
+  std::function<void(int)> before_round;
 };
 
 // A compressed scheme: how one all-reduce's payloads travel (one file each:
@@ -181,6 +190,7 @@ int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, c
 // own chunk. The worker residual (x's length) goes into the node's exact sum; what the
 // lane's encode leaves unsent is kept in the residual's rows of the chunks this rank
 // compressed.
+// In shared memory the node's sums run in the lane's rounds, as the all-reduce's do.
 // Returns the bytes this rank sent.
 int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
                                     const ExchangeCall& call, at::Tensor shard,

@@ -94,6 +94,7 @@ PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const Excha
   const at::Tensor send = bytes_on(call.x.device(), rounds * round_bytes, Buffer::kSend);
   const at::Tensor received = bytes_on(call.transport_device, rounds * round_bytes, Buffer::kReceived);
   for (int s = 0; s < rounds; ++s) {
+    if (call.before_round) call.before_round(s);
     for (int j = 0; j < ranks; ++j) {
       const Chunk c = round_piece(n, ranks, j, rounds, s);
       const at::Tensor residual =

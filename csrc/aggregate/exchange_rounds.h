@@ -83,7 +83,8 @@ class Rounds {
 
 // Phase one in exchange_rounds(...) rounds: in round s, sub-piece s of chunk j of this
 // rank's vector (with its part of the worker residual), encoded into a slot of `stride`
-// bytes (every sub-piece's bound; each sub-piece's own codec, PartCodec), goes to rank j. Started in `flights` as flights
+// bytes (every sub-piece's bound; each sub-piece's own codec, PartCodec), goes to rank j,
+// after call.before_round(s) where the call has one. Started in `flights` as flights
 // 0 .. rounds − 1; each receives, slot r from rank r, the P sub-pieces of this rank's
 // chunk. Returns the rounds and the stride.
 struct PhaseOne {

@@ -102,6 +102,25 @@ def test_every_codec_gives_every_rank_the_same_bits(spec):
     assert torch.allclose(summed + held, put_in, atol=2e-3), (summed + held - put_in).abs().max()
 
 
+@pytest.mark.parametrize("world,node_size", [(4, 2), (6, 3)])
+def test_the_node_stage_in_the_lanes_rounds_gives_the_same_bits(world, node_size):
+    """In shared memory the node stage runs in the lane's rounds (each round's rows
+    written and summed while the lane sends the round before): fp16 in 3 rounds gives the
+    bits of 1 round and of the node stage over Gloo, at sizes whose shards take the same
+    rounds (100003) and take different ones (11: shards of 5 and 6 elements, or 3 and 4,
+    cut in 2 and 3 rounds), where the node stage runs in one step."""
+    sizes, steps, spec = [11, 100003], 2, "fp16:exchange=twophase,rounds={}"
+    env = {"GRADZIP_NODE_SIZE": str(node_size)}
+    pipelined = run_ranks(all_reduce_steps, world, spec.format(3), sizes, steps, env=env)
+    one_round = run_ranks(all_reduce_steps, world, spec.format(1), sizes, steps, env=env)
+    over_gloo = run_ranks(all_reduce_steps, world, spec.format(3), sizes, steps,
+                          env={**env, "GRADZIP_NODE_SHARED_MEMORY": "0"})
+    for key, result in pipelined[0][0].items():
+        assert all(torch.equal(result, out[0][key]) for out in pipelined + one_round + over_gloo), key
+        exact = world_inputs(world, key[1], key[0])
+        assert torch.allclose(result.double(), exact, rtol=2e-3, atol=2e-3 * world), (result.double() - exact).abs().max()
+
+
 def test_a_compressed_rank_keeps_a_residual_for_its_shard_only():
     """The worker residual is zero outside the rank's shard (the rest went into the
     node's exact sum), and the owner residual covers part of the shard."""
@@ -300,12 +319,33 @@ def test_compressed_reduce_scatter_sums_exactly_inside_and_compresses_across(wor
             assert sent < flat[rank][1], (sent, flat[rank][1])
 
 
+@pytest.mark.parametrize("world,node_size", [(4, 2), (6, 3)])
+def test_the_reduce_scatters_node_stage_in_the_lanes_rounds_gives_the_same_bits(world, node_size):
+    """The hierarchical reduce-scatter's node stage in shared memory runs in the lane's
+    rounds too: fp16 in 3 rounds gives the bits of 1 round and of the node stage over
+    Gloo, each rank its chunk of the nodes' fp16 sums."""
+    m, spec = 1001, "fp16:reduce_scatter=compressed,rounds={}"
+    env = {"GRADZIP_NODE_SIZE": str(node_size)}
+    pipelined = run_ranks(reduce_scatter_steps, world, spec.format(3), m, 2, env=env)
+    one_round = run_ranks(reduce_scatter_steps, world, spec.format(1), m, 2, env=env)
+    over_gloo = run_ranks(reduce_scatter_steps, world, spec.format(3), m, 2,
+                          env={**env, "GRADZIP_NODE_SHARED_MEMORY": "0"})
+    layout = [list(range(k, k + node_size)) for k in range(0, world, node_size)]
+    for step in range(2):
+        expected = node_sums_in_fp16(layout, step, world * m)
+        for rank in range(world):
+            result = pipelined[rank][0][step]
+            assert torch.equal(result, one_round[rank][0][step]) and torch.equal(result, over_gloo[rank][0][step])
+            mine = expected[rank * m:(rank + 1) * m]
+            assert torch.allclose(result.double(), mine, atol=1e-5 * world), (result.double() - mine).abs().max()
+
+
 @pytest.mark.parametrize("spec", ["stc:density=0.05", "topk:density=0.05,exchange=twophase", "qsgd:bits=4,ef=1",
-                                  "sign"])
+                                  "sign", "stc:density=0.05,rounds=3"])
 def test_compressed_reduce_scatter_conserves_what_error_feedback_keeps(spec):
     """2 nodes × 2 ranks: what the ranks' chunks summed to, plus what every residual holds,
-    is everything the ranks put in; the node stages in shared memory and over Gloo give
-    the same bits."""
+    is everything the ranks put in; the node stages in shared memory (in the lane's
+    rounds where it takes several) and over Gloo give the same bits."""
     world, m, steps = 4, 3001, 3
     spec = f"{spec}{',' if ':' in spec else ':'}reduce_scatter=compressed"
     outs = run_ranks(reduce_scatter_steps, world, spec, m, steps, env={"GRADZIP_NODE_SIZE": "2"})
