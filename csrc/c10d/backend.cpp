@@ -237,6 +237,34 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::gather(std::vector<std::vector<at
   return transport->gather(outputs, inputs, opts);
 }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+c10::intrusive_ptr<c10d::Work> GradzipBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
+                                                           const c10d::GatherOptions& opts) {
+  const auto& transport = transport_for(input, "gather_single");
+  const bool root = getRank() == opts.rootRank;
+  const bool usable = !root || (output.is_contiguous() && output.device() == input.device());
+  auto call = CollectiveCall::of("gather_single", {input});
+  call.root = opts.rootRank;
+  // Every rank names the elements the root gathers into (the root: its output's, or
+  // kUnusableOutput), so that a root output that cannot take them raises on every rank
+  // instead of leaving the others in the transport.
+  call.shapes_hash = !root ? getSize() * input.numel() : usable ? output.numel() : CollectiveCall::kUnusableOutput;
+  verify(call);
+  TORCH_CHECK(usable, "gradzip: gather_single's output must be contiguous and on the input's device (",
+              input.device(), ")");
+  TORCH_CHECK(!root || output.numel() == getSize() * input.numel(), "gradzip: gather_single's output holds ",
+              output.numel(), " elements; the root gathers ", getSize(), " × ", input.numel());
+  std::vector<std::vector<at::Tensor>> outputs;
+  if (root) {
+    const at::Tensor rows = output.view({getSize(), input.numel()});
+    outputs.emplace_back();
+    for (int r = 0; r < getSize(); ++r) outputs.front().push_back(rows[r].view(input.sizes()));
+  }
+  std::vector<at::Tensor> inputs{input};
+  return transport->gather(outputs, inputs, opts);
+}
+#endif
+
 c10::intrusive_ptr<c10d::Work> GradzipBackend::scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ScatterOptions& opts) {

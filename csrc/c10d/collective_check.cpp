@@ -12,12 +12,12 @@ namespace gradzip {
 namespace {
 
 // The collectives a fingerprint can name; the code travels as an int64.
-constexpr std::array<const char*, 19> kOps = {
+constexpr std::array<const char*, 20> kOps = {
     "all_reduce",      "all_reduce_coalesced", "broadcast",           "reduce",
     "all_gather",      "all_gather_into_tensor", "all_gather_coalesced", "all_gather_into_tensor_coalesced",
     "gather",          "scatter",              "reduce_scatter",      "reduce_scatter_tensor",
     "reduce_scatter_tensor_coalesced", "all_to_all", "all_to_all_single", "barrier",
-    "monitored_barrier", "all_reduce_sparse",  "unknown"};
+    "monitored_barrier", "all_reduce_sparse",  "gather_single",       "unknown"};
 
 int64_t op_code(const std::string& op) {
   for (size_t i = 0; i < kOps.size(); ++i) {
@@ -47,6 +47,10 @@ std::string describe(const int64_t* f) {
   if (f[2] >= 0) out << " with " << f[2] << " elements";
   if (f[3] > 1) out << " in " << f[3] << " tensors";
   if (f[5] >= 0) out << ", root " << f[5];
+  if (op_name(f[0]) == std::string("gather_single")) {
+    if (f[4] >= 0) out << ", gathering into " << f[4] << " elements";
+    if (f[4] == CollectiveCall::kUnusableOutput) out << ", gathering into an output not contiguous or on another device";
+  }
   if (f[6] >= 0) out << ", " << reduce_op_name(f[6]);
   return out.str();
 }

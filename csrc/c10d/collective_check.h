@@ -27,7 +27,9 @@ struct CollectiveCall {
   int64_t dtype = -1;        // c10::ScalarType of the tensors
   int64_t numel = -1;        // the element count that must agree across ranks
   int64_t count = -1;        // number of tensors (coalesced collectives)
-  int64_t shapes_hash = -1;  // hash of every tensor's numel (lists of several tensors)
+  int64_t shapes_hash = -1;  // hash of every tensor's numel (lists of several tensors);
+                             // gather_single: the gathered elements (the root's output,
+                             // or kUnusableOutput)
   int64_t root = -1;
   int64_t reduce_op = -1;
   // 1 or 0: whether this rank's input is finite, for an aggregation that must agree on it
@@ -37,6 +39,9 @@ struct CollectiveCall {
   // alltoall only: elements this rank sends to / receives from each rank.
   std::vector<int64_t> send_counts, recv_counts;
 
+  // gather_single's shapes_hash at a root whose output is not contiguous or not on the
+  // input's device.
+  static constexpr int64_t kUnusableOutput = -2;
   // Describes a list of tensors: dtype of the first, total numel, count, hash of numels.
   static CollectiveCall of(std::string op, const std::vector<at::Tensor>& tensors);
 };

@@ -112,6 +112,28 @@ def cases(rank, world):
         dist.gather(t(n, dtype, seed), gather_list=out, dst=root, group=group)
         return out or []
 
+    def gather_single(group, n, dtype, seed):
+        """dist.gather_single (torch 2.14), which Gloo lacks: on the Gloo group the list
+        gather, concatenated, is the reference."""
+        root = (world - 1) // 2
+        out = torch.zeros(n * world, dtype=dtype) if rank == root else None
+        if dist.get_backend(group) == "gloo":
+            parts = [torch.zeros(n, dtype=dtype) for _ in range(world)] if rank == root else None
+            dist.gather(t(n, dtype, seed), gather_list=parts, dst=root, group=group)
+            return [torch.cat(parts)] if rank == root else []
+        dist.gather_single(t(n, dtype, seed), out, dst=root, group=group)
+        return [out] if rank == root else []
+
+    def all_gather_single(group, n, dtype, seed):
+        out = torch.zeros(n * world, dtype=dtype)
+        dist.all_gather_single(out, t(n, dtype, seed), group=group)
+        return [out]
+
+    def reduce_scatter_single(group, n, dtype, seed):
+        out = torch.zeros(n, dtype=dtype)
+        dist.reduce_scatter_single(out, t(n * world, dtype, seed), group=group)
+        return [out]
+
     def scatter(group, n, dtype, seed):
         out = torch.zeros(n, dtype=dtype)
         parts = [t(n, dtype, seed + r) for r in range(world)] if rank == 0 else None
@@ -196,6 +218,9 @@ def cases(rank, world):
         ("all_gather_into_tensor", all_gather_into_tensor, FLOATS + INTS),
         ("all_gather_into_tensor_coalesced", all_gather_into_tensor_coalesced, FLOATS + INTS),
         ("gather", gather, FLOATS + INTS),
+        ("gather_single", gather_single, FLOATS + INTS),
+        ("all_gather_single", all_gather_single, FLOATS + INTS),
+        ("reduce_scatter_single", reduce_scatter_single, FLOATS + INTS),
         ("scatter", scatter, FLOATS + INTS),
         ("reduce_scatter", reduce_scatter, FLOATS + INTS),
         ("reduce_scatter_tensor", reduce_scatter_tensor, FLOATS + INTS),

@@ -77,6 +77,10 @@ def mismatched_calls(rank, world):
         "reduce_scatter_size": lambda: dist.reduce_scatter_tensor(torch.zeros(2 + rank), torch.ones(world * (2 + rank))),
         "all_to_all_splits": lambda: dist.all_to_all_single(torch.zeros(4), torch.ones(4), [2, 2], [1 + rank, 3 - rank]),
         "coalesced_sizes": lambda: dist.all_reduce_coalesced([torch.ones(2 + rank), torch.ones(3 - rank)]),
+        "gather_single_output": lambda: dist.gather_single(torch.ones(3), torch.zeros(3 * world + 1), dst=0)
+        if rank == 0 else dist.gather_single(torch.ones(3), dst=0),
+        "gather_single_strided": lambda: dist.gather_single(torch.ones(3), torch.zeros(2 * 3 * world)[::2], dst=0)
+        if rank == 0 else dist.gather_single(torch.ones(3), dst=0),
     }
     messages = {"channel": dist.group.WORLD._get_backend(torch.device("cpu")).check_channel()}
     for name, call in calls.items():
@@ -110,6 +114,10 @@ def test_mismatched_calls_are_refused_on_every_rank_without_hanging(channel):
         "reduce_scatter_size": "reduce_scatter_tensor of Float with 2 elements",
         "all_to_all_splits": "split sizes disagree: rank 0 sends 1 elements to rank 0, which expects 2",
         "coalesced_sizes": "all_reduce_coalesced of Float with 5 elements in 2 tensors",
+        "gather_single_output": "rank 0 called gather_single of Float with 3 elements, root 0, gathering into 7 "
+                                "elements; rank 1 called gather_single of Float with 3 elements, root 0, gathering into 6",
+        "gather_single_strided": "rank 0 called gather_single of Float with 3 elements, root 0, gathering into an output "
+                                 "not contiguous or on another device",
     }
     for rank, messages in enumerate(results):
         for name, fragment in expected.items():
