@@ -33,6 +33,7 @@ tests/python/test_checkpoints.py.
 """
 import torch
 
+from .momentum_folding import HOOK_DENSITY_WARMUP
 from .options import aggregations, bind_spec
 
 FORMAT = 3
@@ -74,12 +75,16 @@ def _written_under_layers_off(spec: str) -> str:
     return str(bind_spec(f"{spec}{',' if ':' in spec else ':'}layers=off"))
 
 
-def require_same_spec(door: str, saved: str, running, layers_was_off: str, give: str) -> None:
+def require_same_spec(door: str, saved: str, running, layers_was_off: str, give: str, tensors: dict) -> None:
     """Refuses a checkpoint whose spec is not `running` (a bound Spec), naming both; the
     hint says what a spec that differs only by a key gradzip itself adds means: `layers`
-    (a format that ran with layers=off, `layers_was_off` says which) or `momentum`
-    (folded in from the optimizer: `give` is the hint's "give ... the optimizer")."""
-    if bind_spec(saved) == running:
+    (a format that ran with layers=off, `layers_was_off` says which), `momentum` (folded
+    in from the optimizer: `give` is the hint's "give ... the optimizer") or
+    `density_warmup` (added with the folded momentum). Specs that differ only in
+    `density_warmup` resume alike once every tensor of the checkpoint (`tensors`, its
+    named tensors) has made more calls than either warm-up spans: such a checkpoint is
+    taken."""
+    if bind_spec(saved) == running or _past_both_density_warmups(bind_spec(saved), running, tensors):
         return
     keys, hint = bind_spec(saved).params, ""
     if "layers" in keys and "layers" not in running.params:
@@ -87,7 +92,28 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
     elif "momentum" in keys and "momentum" not in running.params:
         hint = (f" (its momentum came from the optimizer: {give} the optimizer before loading the "
                 "optimizer's state_dict, whose momentum is 0 once folded)")
+    elif _without(keys, "density_warmup") == _without(running.params, "density_warmup"):
+        hint = (" (their density warm-ups differ and the checkpoint is still inside one: the optimizer's momentum, "
+                f"folded in, brings density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved "
+                "spec's density_warmup (0 where it has none) in the spec to resume it as it ran)")
     raise ValueError(f"{door}: the saved state is for {saved!r}, this State runs {str(running)!r}{hint}")
+
+
+def _without(params: dict, key: str) -> dict:
+    return {k: v for k, v in params.items() if k != key}
+
+
+def _past_both_density_warmups(saved, running, tensors: dict) -> bool:
+    """Whether `saved` and `running` differ only in density_warmup and every tensor's call
+    counter is past both warm-ups (`warmup` exact calls, then the longer density warm-up):
+    no call to come would take a warm-up codec under either spec."""
+    if saved.name != running.name or _without(saved.params, "density_warmup") != _without(running.params,
+                                                                                           "density_warmup"):
+        return False
+    span = int(saved.params.get("warmup", 0)) + max(int(saved.params.get("density_warmup", 0)),
+                                                     int(running.params.get("density_warmup", 0)))
+    calls = [int(t.reshape(-1)[0]) for key, t in tensors.items() if key.endswith("/calls")]
+    return bool(calls) and min(calls) >= span
 
 
 def aggregation_state(state) -> dict:

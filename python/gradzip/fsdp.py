@@ -81,7 +81,7 @@ class State:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = fsdp_state(state)
         require_same_spec("gradzip.fsdp", state["spec"], self.spec,
-                          "format 1 or 2 compressed each chunk whole, as layers=off", "give")
+                          "format 1 or 2 compressed each chunk whole, as layers=off", "give", state["state"])
         self._aggregation.load_state_dict(state["state"])
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group,

@@ -34,7 +34,7 @@ import torch.distributed as dist
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
-from .momentum_folding import fold_optimizer_momentum
+from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
 
 
@@ -55,7 +55,8 @@ class State:
         residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").
     optimizer: the torch.optim.SGD that steps the model (default None). Its momentum
         moves into the aggregation when the spec's codec takes `momentum` and the spec
-        sets none: momentum correction, the optimizer's momentum set to 0
+        sets none: momentum correction (with a sparsifier, the density warm-up of 60
+        calls where the spec sets none), the optimizer's momentum set to 0
         (gradzip.momentum_folding). Give it before loading the optimizer's state_dict.
     """
 
@@ -68,7 +69,7 @@ class State:
                 f"gradzip.Aggregation({str(bound)!r})(model) after each optimizer step instead.")
         if start_iter < 1:
             raise ValueError("gradzip.hooks.State: start_iter must be >= 1 (DDP rebuilds buckets after iteration 1)")
-        bound = fold_optimizer_momentum(bound, optimizer, "gradzip.hooks.State")
+        bound = fold_optimizer_momentum(bound, optimizer, "gradzip.hooks.State", HOOK_DENSITY_WARMUP)
         self.spec: Spec = bound
         self.process_group = process_group
         self.start_iter = start_iter
@@ -100,7 +101,7 @@ class State:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = hook_state(state)
         require_same_spec("gradzip.hooks", state["spec"], self.spec,
-                          "format 0 or 1 ran with layers=off, the default then", "give State")
+                          "format 0 or 1 ran with layers=off, the default then", "give State", state["state"])
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
         self._aggregation.load_state_dict(state["state"])
 

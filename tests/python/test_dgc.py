@@ -131,17 +131,20 @@ def hook_training(rank, world, spec, momentum, fold):
     return [p.detach().clone() for p in model.parameters()], str(state.spec), opt.param_groups[0]["momentum"]
 
 
-@pytest.mark.parametrize("spec", ["stc:density=0.05", "sign:block=64"])
-def test_the_hook_folds_the_optimizers_momentum_into_momentum_correction(spec):
-    """State(optimizer=SGD(momentum=0.9)) runs as the spec with momentum=0.9 and an
-    optimizer without momentum, bit for bit; the optimizer's momentum is 0 after."""
+@pytest.mark.parametrize("spec, by_hand", [("stc:density=0.05", "stc:density=0.05,momentum=0.9,density_warmup=60"),
+                                           ("sign:block=64", "sign:block=64,momentum=0.9")])
+def test_the_hook_folds_the_optimizers_momentum_into_momentum_correction(spec, by_hand):
+    """State(optimizer=SGD(momentum=0.9)) runs as the spec with momentum=0.9 (and, for a
+    sparsifier, the density warm-up of 60 calls) and an optimizer without momentum, bit
+    for bit; the optimizer's momentum is 0 after."""
+    import gradzip
     folded = run_ranks(hook_training, 2, spec, 0.9, True)
-    by_hand = run_ranks(hook_training, 2, f"{spec},momentum=0.9", 0.0, False)
+    by_hand_runs = run_ranks(hook_training, 2, by_hand, 0.0, False)
     unfolded = run_ranks(hook_training, 2, spec, 0.9, False)
     for rank in range(2):
         (params, folded_spec, left), (expected, hand_spec, _), (other, _, kept) = \
-            folded[rank], by_hand[rank], unfolded[rank]
-        assert folded_spec == hand_spec == f"{spec},momentum=0.9" and left == 0.0 and kept == 0.9
+            folded[rank], by_hand_runs[rank], unfolded[rank]
+        assert folded_spec == hand_spec == str(gradzip.Spec(by_hand)) and left == 0.0 and kept == 0.9
         assert all(torch.equal(a, b) for a, b in zip(params, expected))
         assert not all(torch.equal(a, b) for a, b in zip(params, other))  # folding changed the training
 
@@ -163,6 +166,14 @@ def test_what_cannot_be_folded_is_refused_and_what_needs_no_folding_is_left():
     saved = gradzip.hooks.State("stc:density=0.01", optimizer=sgd(momentum=0.9)).state_dict()
     with pytest.raises(ValueError, match="give State the optimizer before loading the optimizer's state_dict"):
         gradzip.hooks.State("stc:density=0.01", optimizer=sgd(momentum=0.0)).load_state_dict(saved)
+    # At the hook: a spec's own density warm-up stays (0: none), the others' is the folded one.
+    for spec, folded in [("topk:density=0.01,density_warmup=0", "topk:density=0.01,density_warmup=0,momentum=0.9"),
+                         ("randomk:density=0.1,ef=1", "randomk:density=0.1,density_warmup=60,ef=1,momentum=0.9"),
+                         ("sign", "sign:momentum=0.9")]:
+        assert str(fold_optimizer_momentum(gradzip.Spec(spec), sgd(momentum=0.9), "gradzip.hooks.State", 60)) == folded
+    # Without a warm-up to add (the FSDP door), momentum alone.
+    assert str(fold_optimizer_momentum(gradzip.Spec("stc"), sgd(momentum=0.9), "gradzip.fsdp.State")) == \
+        "stc:momentum=0.9"
     # Left as they are: no momentum key (qsgd, fp16), no error feedback, no momentum, not SGD.
     for spec, opt in [("qsgd:bits=4", sgd(momentum=0.9)), ("fp16", sgd(momentum=0.9)),
                       ("topk:density=0.01,ef=0", sgd(momentum=0.9)), ("stc:density=0.01", sgd()),
