@@ -55,7 +55,7 @@ class State:
         residuals when it changes, so they keep their weight (docs/spec.md, "Loss scaling").
     optimizer: the torch.optim.SGD that steps the model (default None). Its momentum
         moves into the aggregation when the spec's codec takes `momentum` and the spec
-        sets none: momentum correction (with a sparsifier, the density warm-up of 60
+        sets none: momentum correction (with a sparsifier, the density warm-up of 20
         calls where the spec sets none), the optimizer's momentum set to 0
         (gradzip.momentum_folding). Give it before loading the optimizer's state_dict.
     """

@@ -14,12 +14,13 @@ import torch
 from .options import Spec, aggregations, bind_spec
 
 # The density warm-up a sparsifier folded at the DDP hook takes when its spec sets none:
-# calls of each tensor, 15 at each of 25%, 6.25%, 1.56% and 0.39% (never below the spec's
+# calls of each tensor, 5 at each of 25%, 6.25%, 1.56% and 0.39% (never below the spec's
 # density). Momentum correction's first sparse steps can kill a network's units (the demo
 # CNN at the hook, STC 1% at lr 0.1: one seed of three stopped learning in its first
-# epoch); this guard kept all three, and costs a long job nothing. The FSDP door takes
-# none: there it ended lower (docs/results.md, "Main job").
-HOOK_DENSITY_WARMUP = 60
+# epoch); this guard kept all three, and costs a long job nothing. Longer warm-ups cost a
+# short network-bound job its time to accuracy, and the FSDP door takes none: there a
+# warm-up ended lower (docs/results.md, "Main job").
+HOOK_DENSITY_WARMUP = 20
 
 
 def fold_optimizer_momentum(spec: Spec, optimizer, door: str, density_warmup: int = 0) -> Spec:

@@ -156,29 +156,29 @@ def test_the_backend_door_refuses_another_specs_state():
 
 
 def test_a_checkpoint_past_both_density_warmups_resumes_under_the_folded_one():
-    """State(optimizer=SGD(momentum)) now adds density_warmup=60 to a sparsifier's spec
+    """State(optimizer=SGD(momentum)) now adds density_warmup=20 to a sparsifier's spec
     that sets none. A checkpoint of the spec as earlier builds folded it (momentum alone)
-    is taken once every tensor has made 60 calls (no call to come takes a warm-up codec
+    is taken once every tensor has made 20 calls (no call to come takes a warm-up codec
     under either spec); inside the warm-up it is refused, naming both specs and what to
     write to resume it as it ran."""
     import gradzip
     params = list(torch.nn.Linear(3, 2).parameters())
     state = gradzip.hooks.State("stc:density=0.05", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
-    assert str(state.spec) == "stc:density=0.05,density_warmup=60,momentum=0.9"
+    assert str(state.spec) == "stc:density=0.05,density_warmup=20,momentum=0.9"
 
     def saved(calls):
         return {"format": gradzip.checkpoint.FORMAT, "spec": "stc:density=0.05,momentum=0.9", "start_iter": 0,
                 "iteration": max(calls), "state": {f"bucket:{i}/calls": torch.tensor([c]) for i, c in enumerate(calls)}}
 
-    state.load_state_dict(saved([60, 75]))
+    state.load_state_dict(saved([20, 75]))
     assert state.iteration == 75
     with pytest.raises(ValueError, match=r"saved state is for 'stc:density=0.05,momentum=0.9', this State runs "
-                                         r"'stc:density=0.05,density_warmup=60,momentum=0.9' \(their density warm-ups "
+                                         r"'stc:density=0.05,density_warmup=20,momentum=0.9' \(their density warm-ups "
                                          r"differ .* write the saved spec's density_warmup \(0 where it has none\)"):
-        state.load_state_dict(saved([75, 59]))
+        state.load_state_dict(saved([75, 19]))
     by_hand = gradzip.hooks.State("stc:density=0.05,density_warmup=0",
                                   optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
-    by_hand.load_state_dict(saved([75, 59]))  # as it ran
+    by_hand.load_state_dict(saved([75, 19]))  # as it ran
     with pytest.raises(ValueError, match="saved state is for"):  # another key differs: refused at any count
         gradzip.hooks.State("stc:density=0.1", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9)) \
             .load_state_dict(saved([75, 80]))

@@ -131,11 +131,11 @@ def hook_training(rank, world, spec, momentum, fold):
     return [p.detach().clone() for p in model.parameters()], str(state.spec), opt.param_groups[0]["momentum"]
 
 
-@pytest.mark.parametrize("spec, by_hand", [("stc:density=0.05", "stc:density=0.05,momentum=0.9,density_warmup=60"),
+@pytest.mark.parametrize("spec, by_hand", [("stc:density=0.05", "stc:density=0.05,momentum=0.9,density_warmup=20"),
                                            ("sign:block=64", "sign:block=64,momentum=0.9")])
 def test_the_hook_folds_the_optimizers_momentum_into_momentum_correction(spec, by_hand):
     """State(optimizer=SGD(momentum=0.9)) runs as the spec with momentum=0.9 (and, for a
-    sparsifier, the density warm-up of 60 calls) and an optimizer without momentum, bit
+    sparsifier, the density warm-up of 20 calls) and an optimizer without momentum, bit
     for bit; the optimizer's momentum is 0 after."""
     import gradzip
     folded = run_ranks(hook_training, 2, spec, 0.9, True)
@@ -168,9 +168,9 @@ def test_what_cannot_be_folded_is_refused_and_what_needs_no_folding_is_left():
         gradzip.hooks.State("stc:density=0.01", optimizer=sgd(momentum=0.0)).load_state_dict(saved)
     # At the hook: a spec's own density warm-up stays (0: none), the others' is the folded one.
     for spec, folded in [("topk:density=0.01,density_warmup=0", "topk:density=0.01,density_warmup=0,momentum=0.9"),
-                         ("randomk:density=0.1,ef=1", "randomk:density=0.1,density_warmup=60,ef=1,momentum=0.9"),
+                         ("randomk:density=0.1,ef=1", "randomk:density=0.1,density_warmup=20,ef=1,momentum=0.9"),
                          ("sign", "sign:momentum=0.9")]:
-        assert str(fold_optimizer_momentum(gradzip.Spec(spec), sgd(momentum=0.9), "gradzip.hooks.State", 60)) == folded
+        assert str(fold_optimizer_momentum(gradzip.Spec(spec), sgd(momentum=0.9), "gradzip.hooks.State", 20)) == folded
     # Without a warm-up to add (the FSDP door), momentum alone.
     assert str(fold_optimizer_momentum(gradzip.Spec("stc"), sgd(momentum=0.9), "gradzip.fsdp.State")) == \
         "stc:momentum=0.9"
