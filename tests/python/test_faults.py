@@ -34,8 +34,8 @@ def _keep_busy(group):
         pass
 
 
-def _rank(rank, port, spec, fault, results, load=False, env=None):
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+def _rank(rank, port, spec, fault, results, load=False, env=None, world=WORLD):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                       OMP_NUM_THREADS="1", **(env or {}))
     import torch
     import torch.distributed as dist
@@ -64,7 +64,9 @@ def _rank(rank, port, spec, fault, results, load=False, env=None):
             outcome = ("no error", time.monotonic() - start)
         except Exception as error:  # noqa: B902 - what the survivor sees is the result
             outcome = (str(error), time.monotonic() - start)
-        survivors = dist.new_group([0, 1], backend="gradzip", use_local_synchronization=True, timeout=timeout)
+        os.environ.pop("GRADZIP_NODE_SIZE", None)  # the survivors no longer make whole nodes
+        survivors = dist.new_group([r for r in range(world) if r != VICTIM], backend="gradzip",
+                                   use_local_synchronization=True, timeout=timeout)
         ones = torch.full((1000,), float(rank + 1))
         dist.all_reduce(ones, group=survivors)
         results.put((rank, outcome, ones[0].item()))
@@ -76,17 +78,17 @@ def _rank(rank, port, spec, fault, results, load=False, env=None):
         os._exit(0)  # the broken group is not torn down: its peer is gone
 
 
-def run_fault(spec, fault, load=False, env=None):
+def run_fault(spec, fault, load=False, env=None, world=WORLD):
     ctx = rank_processes()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load, env)) for r in range(WORLD)]
+    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load, env, world)) for r in range(world)]
     for p in procs:
         p.start()
     outcome = {}
     deadline = time.monotonic() + 120
     try:
-        while len(outcome) < WORLD and time.monotonic() < deadline:
+        while len(outcome) < world and time.monotonic() < deadline:
             try:
                 rank, seen, value = results.get(timeout=1)
                 outcome[rank] = (seen, value)
@@ -119,9 +121,21 @@ def test_survivors_raise_in_time_with_the_check_on_the_transport(fault):
     check_survivors(run_fault("allreduce", fault, env={"GRADZIP_NODE_SHARED_MEMORY": "0"}))
 
 
-def check_survivors(outcome):
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_survivors_raise_in_time_inside_a_hierarchical_call(fault):
+    """2 nodes × 2 ranks (GRADZIP_NODE_SIZE=2), fp16 in 4 lane rounds: the node stage runs
+    in the lane's rounds, a barrier of the node per round. Without the collective check
+    (which would catch the victim before the call) the survivors enter the call: the
+    victim's node partner waits in those barriers, the other node in the lane, and all
+    raise in time."""
+    env = {"GRADZIP_NODE_SIZE": "2", "GRADZIP_VALIDATE": "0"}
+    check_survivors(run_fault("fp16:exchange=twophase,rounds=4", fault, env=env, world=4), world=4)
+
+
+def check_survivors(outcome, world=WORLD):
     assert outcome.get(VICTIM, (None,))[0] == "fault", outcome
-    for rank in (0, 1):
+    survivors = [r for r in range(world) if r != VICTIM]
+    for rank in survivors:
         assert rank in outcome, f"rank {rank} never reported: {outcome}"
         (message, seconds), regrouped = outcome[rank]
         assert message != "no error" and not message.startswith("setup failed"), (rank, message)
@@ -129,8 +143,8 @@ def check_survivors(outcome):
         named = ["timed out", "timeout", "closed", "reset", "connection", "peer", "rank"]
         assert any(word in message.lower() for word in named), (rank, message)
         # gradzip names the call that failed, then gives the transport's own words.
-        assert message.startswith("gradzip: all_reduce") and f"on rank {rank} of 3" in message, (rank, message)
-        assert regrouped == 3.0, f"rank {rank}: the survivors' group summed to {regrouped}"
+        assert message.startswith("gradzip: all_reduce") and f"on rank {rank} of {world}" in message, (rank, message)
+        assert regrouped == sum(r + 1 for r in survivors), f"rank {rank}: the survivors' group summed to {regrouped}"
 
 
 def blocked_call(rank, world, how):
