@@ -82,8 +82,8 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
     in from the optimizer: `give` is the hint's "give ... the optimizer") or
     `density_warmup` (added with the folded momentum). Specs that differ only in
     `density_warmup` resume alike once every tensor of the checkpoint (`tensors`, its
-    named tensors) has made more calls than either warm-up spans: such a checkpoint is
-    taken."""
+    named tensors) has made more calls than either warm-up spans, and, with layers=adapt,
+    when they differ by a multiple of adapt_every: such a checkpoint is taken."""
     if bind_spec(saved) == running or _past_both_density_warmups(bind_spec(saved), running, tensors):
         return
     keys, hint = bind_spec(saved).params, ""
@@ -93,8 +93,9 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
         hint = (f" (its momentum came from the optimizer: {give} the optimizer before loading the "
                 "optimizer's state_dict, whose momentum is 0 once folded)")
     elif _without(keys, "density_warmup") == _without(running.params, "density_warmup"):
-        hint = (" (their density warm-ups differ and the checkpoint is still inside one: the optimizer's momentum, "
-                f"folded in, brings density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved "
+        hint = (" (their density warm-ups differ, and the checkpoint is inside one or chooses layers=adapt's levels "
+                "on another schedule: the optimizer's momentum, "
+                f"folded in at the hook, brings density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved "
                 "spec's density_warmup (0 where it has none) in the spec to resume it as it ran)")
     raise ValueError(f"{door}: the saved state is for {saved!r}, this State runs {str(running)!r}{hint}")
 
@@ -106,14 +107,25 @@ def _without(params: dict, key: str) -> dict:
 def _past_both_density_warmups(saved, running, tensors: dict) -> bool:
     """Whether `saved` and `running` differ only in density_warmup and every tensor's call
     counter is past both warm-ups (`warmup` exact calls, then the longer density warm-up):
-    no call to come would take a warm-up codec under either spec."""
+    no call to come would take a warm-up codec under either spec. A layers=adapt state
+    (its pieces' "<key>/level") chooses levels every adapt_every calls counted from the
+    end of the density warm-up, so there the two warm-ups must also differ by a multiple
+    of adapt_every."""
     if saved.name != running.name or _without(saved.params, "density_warmup") != _without(running.params,
                                                                                            "density_warmup"):
         return False
-    span = int(saved.params.get("warmup", 0)) + max(int(saved.params.get("density_warmup", 0)),
-                                                     int(running.params.get("density_warmup", 0)))
+    saved_warmup, running_warmup = (int(spec.params.get("density_warmup", 0)) for spec in (saved, running))
+    if any(key.endswith("/level") for key in tensors):
+        every = int(saved.params.get("adapt_every", _default(saved.name, "adapt_every")))
+        if (saved_warmup - running_warmup) % every:
+            return False
+    span = int(saved.params.get("warmup", 0)) + max(saved_warmup, running_warmup)
     calls = [int(t.reshape(-1)[0]) for key, t in tensors.items() if key.endswith("/calls")]
     return bool(calls) and min(calls) >= span
+
+
+def _default(name: str, key: str) -> str:
+    return next(k["default"] for k in aggregations()[name]["key_details"] if k["name"] == key)
 
 
 def aggregation_state(state) -> dict:

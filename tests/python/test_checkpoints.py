@@ -159,8 +159,9 @@ def test_a_checkpoint_past_both_density_warmups_resumes_under_the_folded_one():
     """State(optimizer=SGD(momentum)) now adds density_warmup=20 to a sparsifier's spec
     that sets none. A checkpoint of the spec as earlier builds folded it (momentum alone)
     is taken once every tensor has made 20 calls (no call to come takes a warm-up codec
-    under either spec); inside the warm-up it is refused, naming both specs and what to
-    write to resume it as it ran."""
+    under either spec); inside the warm-up, or when layers=adapt would choose its levels
+    on other calls, it is refused, naming both specs and what to write to resume it as it
+    ran."""
     import gradzip
     params = list(torch.nn.Linear(3, 2).parameters())
     state = gradzip.hooks.State("stc:density=0.05", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
@@ -174,11 +175,17 @@ def test_a_checkpoint_past_both_density_warmups_resumes_under_the_folded_one():
     assert state.iteration == 75
     with pytest.raises(ValueError, match=r"saved state is for 'stc:density=0.05,momentum=0.9', this State runs "
                                          r"'stc:density=0.05,density_warmup=20,momentum=0.9' \(their density warm-ups "
-                                         r"differ .* write the saved spec's density_warmup \(0 where it has none\)"):
+                                         r"differ.* write the saved spec's density_warmup \(0 where it has none\)"):
         state.load_state_dict(saved([75, 19]))
     by_hand = gradzip.hooks.State("stc:density=0.05,density_warmup=0",
                                   optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
     by_hand.load_state_dict(saved([75, 19]))  # as it ran
+    # layers=adapt chooses levels every adapt_every (100) calls after the density warm-up:
+    # warm-ups 20 calls apart choose on other calls, so its state is refused at any count.
+    adapting = saved([75, 80])
+    adapting["state"]["fc.weight/level"] = torch.tensor([3])
+    with pytest.raises(ValueError, match="chooses layers=adapt's levels on another schedule"):
+        state.load_state_dict(adapting)
     with pytest.raises(ValueError, match="saved state is for"):  # another key differs: refused at any count
         gradzip.hooks.State("stc:density=0.1", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9)) \
             .load_state_dict(saved([75, 80]))
