@@ -92,11 +92,12 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
     elif "momentum" in keys and "momentum" not in running.params:
         hint = (f" (its momentum came from the optimizer: {give} the optimizer before loading the "
                 "optimizer's state_dict, whose momentum is 0 once folded)")
-    elif _without(keys, "density_warmup") == _without(running.params, "density_warmup"):
+    elif bind_spec(saved).name == running.name and \
+            _without(keys, "density_warmup") == _without(running.params, "density_warmup"):
         hint = (" (their density warm-ups differ, and the checkpoint is inside one or chooses layers=adapt's levels "
-                "on another schedule: the optimizer's momentum, "
-                f"folded in at the hook, brings density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved "
-                "spec's density_warmup (0 where it has none) in the spec to resume it as it ran)")
+                f"on another schedule: the optimizer's momentum, folded in at the DDP hook, brings "
+                f"density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved spec's density_warmup "
+                "(0 where it has none) in the spec to resume it as it ran)")
     raise ValueError(f"{door}: the saved state is for {saved!r}, this State runs {str(running)!r}{hint}")
 
 
@@ -108,14 +109,16 @@ def _past_both_density_warmups(saved, running, tensors: dict) -> bool:
     """Whether `saved` and `running` differ only in density_warmup and every tensor's call
     counter is past both warm-ups (`warmup` exact calls, then the longer density warm-up):
     no call to come would take a warm-up codec under either spec. A layers=adapt state
-    (its pieces' "<key>/level") chooses levels every adapt_every calls counted from the
-    end of the density warm-up, so there the two warm-ups must also differ by a multiple
-    of adapt_every."""
+    chooses levels every adapt_every calls counted from the end of the density warm-up,
+    so there the two warm-ups must also differ by a multiple of adapt_every. Its spec
+    says so (layers=adapt, or auto: every codec with a density warm-up has levels), when
+    its state is kept per parameter (keys other than the hook's "bucket:<i>")."""
     if saved.name != running.name or _without(saved.params, "density_warmup") != _without(running.params,
                                                                                            "density_warmup"):
         return False
     saved_warmup, running_warmup = (int(spec.params.get("density_warmup", 0)) for spec in (saved, running))
-    if any(key.endswith("/level") for key in tensors):
+    per_parameter = any(not key.startswith("bucket:") for key in tensors)
+    if per_parameter and saved.params.get("layers", "auto") in ("auto", "adapt"):
         every = int(saved.params.get("adapt_every", _default(saved.name, "adapt_every")))
         if (saved_warmup - running_warmup) % every:
             return False

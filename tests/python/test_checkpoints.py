@@ -180,12 +180,16 @@ def test_a_checkpoint_past_both_density_warmups_resumes_under_the_folded_one():
     by_hand = gradzip.hooks.State("stc:density=0.05,density_warmup=0",
                                   optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9))
     by_hand.load_state_dict(saved([75, 19]))  # as it ran
-    # layers=adapt chooses levels every adapt_every (100) calls after the density warm-up:
-    # warm-ups 20 calls apart choose on other calls, so its state is refused at any count.
-    adapting = saved([75, 80])
-    adapting["state"]["fc.weight/level"] = torch.tensor([3])
+    # Per parameter (State(model=...)), layers=auto is adapt for STC, which chooses levels
+    # every adapt_every (100) calls after the density warm-up: warm-ups 20 calls apart
+    # choose on other calls, so its state is refused at any count, with or without levels.
+    per_parameter = saved([75, 80])
+    per_parameter["state"] = {"fc.weight/calls": torch.tensor([90]), "fc.bias/calls": torch.tensor([90])}
     with pytest.raises(ValueError, match="chooses layers=adapt's levels on another schedule"):
-        state.load_state_dict(adapting)
+        state.load_state_dict(per_parameter)
+    with pytest.raises(ValueError, match="saved state is for 'topk:density=0.05,momentum=0.9'") as refused:
+        state.load_state_dict({**saved([75, 80]), "spec": "topk:density=0.05,momentum=0.9"})  # another codec
+    assert "density warm-ups" not in str(refused.value)
     with pytest.raises(ValueError, match="saved state is for"):  # another key differs: refused at any count
         gradzip.hooks.State("stc:density=0.1", optimizer=torch.optim.SGD(params, lr=0.1, momentum=0.9)) \
             .load_state_dict(saved([75, 80]))
