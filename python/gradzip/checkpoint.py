@@ -84,16 +84,16 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
     `density_warmup` resume alike once every tensor of the checkpoint (`tensors`, its
     named tensors) has made more calls than either warm-up spans, and, with layers=adapt,
     when they differ by a multiple of adapt_every: such a checkpoint is taken."""
-    if bind_spec(saved) == running or _past_both_density_warmups(bind_spec(saved), running, tensors):
+    saved_spec = bind_spec(saved)
+    if saved_spec == running or _past_both_density_warmups(saved_spec, running, tensors):
         return
-    keys, hint = bind_spec(saved).params, ""
+    keys, hint = saved_spec.params, ""
     if "layers" in keys and "layers" not in running.params:
         hint = f" (a checkpoint of gradzip's {layers_was_off}: give that spec to resume it as it ran)"
     elif "momentum" in keys and "momentum" not in running.params:
         hint = (f" (its momentum came from the optimizer: {give} the optimizer before loading the "
                 "optimizer's state_dict, whose momentum is 0 once folded)")
-    elif bind_spec(saved).name == running.name and \
-            _without(keys, "density_warmup") == _without(running.params, "density_warmup"):
+    elif _differ_only_in_density_warmup(saved_spec, running):
         hint = (" (their density warm-ups differ, and the checkpoint is inside one or chooses layers=adapt's levels "
                 f"on another schedule: the optimizer's momentum, folded in at the DDP hook, brings "
                 f"density_warmup={HOOK_DENSITY_WARMUP} where the spec sets none; write the saved spec's density_warmup "
@@ -101,8 +101,12 @@ def require_same_spec(door: str, saved: str, running, layers_was_off: str, give:
     raise ValueError(f"{door}: the saved state is for {saved!r}, this State runs {str(running)!r}{hint}")
 
 
-def _without(params: dict, key: str) -> dict:
-    return {k: v for k, v in params.items() if k != key}
+def _differ_only_in_density_warmup(a, b) -> bool:
+    """Whether bound specs `a` and `b` name one aggregation and agree on every key but
+    density_warmup."""
+    def rest(spec):
+        return {k: v for k, v in spec.params.items() if k != "density_warmup"}
+    return a.name == b.name and rest(a) == rest(b)
 
 
 def _past_both_density_warmups(saved, running, tensors: dict) -> bool:
@@ -113,8 +117,7 @@ def _past_both_density_warmups(saved, running, tensors: dict) -> bool:
     so there the two warm-ups must also differ by a multiple of adapt_every. Its spec
     says so (layers=adapt, or auto: every codec with a density warm-up has levels), when
     its state is kept per parameter (keys other than the hook's "bucket:<i>")."""
-    if saved.name != running.name or _without(saved.params, "density_warmup") != _without(running.params,
-                                                                                           "density_warmup"):
+    if not _differ_only_in_density_warmup(saved, running):
         return False
     saved_warmup, running_warmup = (int(spec.params.get("density_warmup", 0)) for spec in (saved, running))
     per_parameter = any(not key.startswith("bucket:") for key in tensors)
