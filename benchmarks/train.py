@@ -39,6 +39,7 @@ without its own, as examples/train_fashion_mnist.py does.
 """
 import argparse
 import json
+import math
 import os
 import platform
 import sys
@@ -194,6 +195,8 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
     method = Method(name, group, args.lr)
     base = MODELS[args.model]()
     model, opt = method.wrap(base)
+    per_epoch = min(len(train_x) // world // args.batch_size, args.max_steps or len(train_x))
+    schedule = learning_rate_schedule(opt, args.lr_schedule, args.epochs * per_epoch)
     epochs, elapsed, steps_done = [], 0.0, 0
     epoch = 0
     while epoch < args.epochs or target is not None:
@@ -210,6 +213,7 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            schedule.step()
             method.after_step(base)
         steps_done += steps
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
@@ -227,6 +231,15 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
         if target is not None and (accuracy >= target or elapsed >= budget):
             break
     return epochs
+
+
+def learning_rate_schedule(opt, kind, steps):
+    """constant: the learning rate throughout; cosine: from it to zero along half a cosine
+    over `steps` steps (the --epochs of a run), zero after (a method run on past them by
+    --stop-at-target no longer moves)."""
+    if kind == "constant":
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)))
 
 
 def time_to(epochs, target):
@@ -264,6 +277,8 @@ def main():
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
+                        help="cosine: each method's learning rate falls to zero over --epochs")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
@@ -333,6 +348,7 @@ def main():
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": target,
                 "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                "lr_schedule": args.lr_schedule,
                 "lrs": {name: Method.lr_of(name, args.lr) for name in results},
                 "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
                 "cores": os.cpu_count(), "torch": torch.__version__}

@@ -50,7 +50,8 @@ std::vector<int> choose_levels(const std::vector<std::vector<double>>& error,
                                const std::vector<std::vector<int64_t>>& bytes, int base, int64_t budget = -1);
 
 // The squared error of each level on x (contiguous float32, CPU): ‖x − decode(encode(x))‖²
-// in float64, each level encoding without error feedback under `ctx`.
+// in float64, each level encoding without error feedback under `ctx`; from one look at x
+// where the codec has that shortcut (Codec::errors_at_budgets: top-k, STC).
 std::vector<double> level_errors(const CodecLevels& levels, const at::Tensor& x, const EncodeContext& ctx);
 
 // `table` (float64, CPU) summed over the ranks of `transport` in rank order: the same bits

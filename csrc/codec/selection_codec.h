@@ -4,6 +4,8 @@
 // each writes its own payload from the chosen indices.
 #pragma once
 
+#include <cmath>
+
 #include "codec/codec_base.h"
 #include "codec/topk_select.h"
 
@@ -53,8 +55,27 @@ class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
     if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
   }
 
+  // What is left out (the other elements' squares) plus chosen_error() of what is sent,
+  // at each density. None with approx=1 (its selection is not the top k).
+  std::vector<double> errors_at_budgets(const float* x, int64_t n, const std::vector<double>& densities) const final {
+    if (selection().approx || !all_finite(x, n)) return {};
+    std::vector<int64_t> ks;
+    for (double density : densities) ks.push_back(count_for_density(density, n));
+    const std::vector<MagnitudeSums> sums = top_magnitude_sums(x, n, ks);
+    std::vector<double> errors;
+    for (size_t l = 0; l < ks.size(); ++l) {
+      const double chosen = chosen_error(ks[l], sums[l]);
+      if (std::isnan(chosen)) return {};
+      errors.push_back(sums[l].rest_squares + chosen);
+    }
+    return errors;
+  }
+
  protected:
   const SelectionParameters& selection() const { return this->parameters_.selection; }
+  // The squared error of what the payload carries for the k chosen entries, from their
+  // magnitudes' sums; NaN when these sums do not tell (errors_at_budgets() then gives none).
+  virtual double chosen_error(int64_t k, const MagnitudeSums& sums) const = 0;
   // Appends the payload (header included) of u's entries at `chosen` (ascending).
   virtual void write(const float* u, int64_t n, const std::vector<int64_t>& chosen, std::vector<uint8_t>& out) const = 0;
 };

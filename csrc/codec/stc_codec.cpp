@@ -58,6 +58,13 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
   }
 
  protected:
+  // Each chosen magnitude m is sent as the mean μ: Σ (m − μ)² = Σm² − 2μ·Σm + k·μ².
+  double chosen_error(int64_t k, const MagnitudeSums& sums) const override {
+    if (k == 0) return 0.0;
+    const double mu = static_cast<float>(sums.chosen / static_cast<double>(k));
+    return std::max(0.0, sums.chosen_squares - 2.0 * mu * sums.chosen + static_cast<double>(k) * mu * mu);
+  }
+
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
     const int64_t k = static_cast<int64_t>(chosen.size());

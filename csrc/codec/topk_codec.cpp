@@ -1,6 +1,7 @@
 #include "codec/topk_codec.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "codec/element_math.cuh"
 #include "codec/selection_codec.h"
@@ -108,6 +109,12 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
   }
 
  protected:
+  // fp32 values go exactly; 2-byte values round each by its own value, which the sums do
+  // not tell.
+  double chosen_error(int64_t, const MagnitudeSums&) const override {
+    return compact() ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+  }
+
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
     wire::Writer w(out);

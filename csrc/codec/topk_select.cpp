@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <functional>
 
 #include "codec/element_math.cuh"
 
@@ -267,6 +268,44 @@ void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, s
     if (math::magnitude_key(u[i]) >= threshold) indices.push_back(i);
   }
   if (indices.empty()) select_topk(u, nullptr, n, k, indices);  // the sample missed everything
+}
+
+std::vector<MagnitudeSums> top_magnitude_sums(const float* x, int64_t n, const std::vector<int64_t>& ks) {
+  // The sign-cleared bits order like the magnitudes (x is finite).
+  std::vector<uint32_t> keys(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) keys[static_cast<size_t>(i)] = math::magnitude_key(x[i]);
+  std::vector<int64_t> cuts = ks;
+  cuts.push_back(0);
+  cuts.push_back(n);
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  // Largest cut first: each partition then runs within the previous one's front part.
+  for (size_t c = cuts.size() - 1; c-- > 1;) {
+    std::nth_element(keys.begin(), keys.begin() + cuts[c], keys.begin() + cuts[c + 1], std::greater<uint32_t>());
+  }
+  // Per segment [cuts[c - 1], cuts[c]): the sum of magnitudes and of their squares.
+  std::vector<double> sums(cuts.size(), 0.0), squares(cuts.size(), 0.0);
+  for (size_t c = 1; c < cuts.size(); ++c) {
+    for (int64_t i = cuts[c - 1]; i < cuts[c]; ++i) {
+      const double m = math::bits_float(keys[static_cast<size_t>(i)]);
+      sums[c] += m;
+      squares[c] += m * m;
+    }
+  }
+  std::vector<MagnitudeSums> out;
+  for (int64_t k : ks) {
+    MagnitudeSums sum;
+    for (size_t c = 1; c < cuts.size(); ++c) {
+      if (cuts[c] <= k) {
+        sum.chosen += sums[c];
+        sum.chosen_squares += squares[c];
+      } else {
+        sum.rest_squares += squares[c];
+      }
+    }
+    out.push_back(sum);
+  }
+  return out;
 }
 
 }  // namespace gradzip

@@ -8,6 +8,8 @@
 // select_topk_approx: the threshold comes from a contiguous sample of about 1% of the
 // elements; it returns every entry at or above it (about k of them, at least one when k > 0).
 // Both return the chosen indices in ascending order.
+// top_magnitude_sums: what top-k at several k keeps and leaves (the errors of a layer's
+// densities, aggregate/layer_budget.h), without selecting each.
 //
 // With a non-null `residual`, both select from u = x + residual and leave u in
 // `residual` (error feedback's first step, fused into the histogram pass).
@@ -20,5 +22,17 @@ namespace gradzip {
 
 void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
 void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
+
+// The sums, in float64, of the k largest magnitudes of x (`chosen`), of their squares
+// (`chosen_squares`) and of the other elements' squares (`rest_squares`).
+struct MagnitudeSums {
+  double chosen = 0.0;
+  double chosen_squares = 0.0;
+  double rest_squares = 0.0;
+};
+// MagnitudeSums for each k of `ks` (each in [0, n]), from one copy of the magnitudes
+// partitioned at every k (nth_element, largest k first): O(n + Σk), not a sort. x must
+// be all finite. The same x gives the same bits on every rank.
+std::vector<MagnitudeSums> top_magnitude_sums(const float* x, int64_t n, const std::vector<int64_t>& ks);
 
 }  // namespace gradzip

@@ -118,6 +118,16 @@ class Codec {
   // The largest payload encode() can write for n elements (header included): what an
   // exchange reserves per payload so that no rank has to send its size first.
   virtual size_t max_payload_bytes(int64_t n) const = 0;
+
+  // The squared error ‖x − decode(encode(x))‖² (float64, without error feedback) of this
+  // codec with its knob at each of `budgets` (values with_budget() takes), from one look
+  // at x: what a per-layer budget compares. Empty when the codec has no such shortcut,
+  // and the caller encodes and decodes at each budget. Top-k (fp32 values) and STC with
+  // an exact selection compute it from x's magnitudes, equal to the encode-decode's up to
+  // float64 rounding; an x that is not all finite gets none.
+  virtual std::vector<double> errors_at_budgets(const float* x, int64_t n, const std::vector<double>& budgets) const {
+    return {};
+  }
 };
 
 // The payload header, as decoded by read_payload_header().

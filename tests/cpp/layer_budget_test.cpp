@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "aggregate/slots.h"
@@ -177,6 +178,74 @@ TEST(LayerBudgetTest, LevelErrorsAreTheSquaredDistanceToTheDecodedPayload) {
     EXPECT_NEAR(errors[l], expected, 1e-9 * expected) << "level " << l;
     if (l > 0) EXPECT_LT(errors[l], errors[l - 1]);
   }
+}
+
+// ‖x − decode(encode(x))‖² of every level, encoded and decoded: what the shortcut of
+// Codec::errors_at_budgets must equal.
+std::vector<double> encoded_and_decoded_errors(const CodecLevels& levels, const std::vector<float>& x) {
+  const auto n = static_cast<int64_t>(x.size());
+  std::vector<double> errors;
+  for (const auto& level : levels.codecs) {
+    std::vector<uint8_t> payload;
+    level->encode(x.data(), n, nullptr, EncodeContext{}, payload);
+    std::vector<float> decoded(x.size(), 0.0f);
+    level->decode_add(payload.data(), payload.size(), decoded.data(), n);
+    double e = 0;
+    for (size_t i = 0; i < x.size(); ++i) e += std::pow(static_cast<double>(x[i]) - decoded[i], 2);
+    errors.push_back(e);
+  }
+  return errors;
+}
+
+TEST(LayerBudgetTest, TopKAndStcErrorsFromTheMagnitudesEqualTheEncodedAndDecoded) {
+  std::mt19937 gen(5);
+  std::normal_distribution<float> normal;
+  std::uniform_int_distribution<int> few(-3, 3);
+  for (const std::string spec : {"topk:density=0.02", "stc:density=0.02", "stc:density=0.3", "topk:density=0.5"}) {
+    for (const bool ties : {false, true}) {
+      // With ties many magnitudes equal the threshold: whichever are chosen, the error is the same.
+      std::vector<float> x(7001);
+      for (auto& v : x) v = ties ? static_cast<float>(few(gen)) : normal(gen) * (1.0f + static_cast<float>(few(gen) == 3) * 50.0f);
+      const CodecLevels levels = codec_levels(codec(spec));
+      std::vector<double> budgets;
+      for (const auto& level : levels.codecs) budgets.push_back(level->budget().value);
+      const std::vector<double> shortcut =
+          levels.codecs.front()->errors_at_budgets(x.data(), static_cast<int64_t>(x.size()), budgets);
+      const std::vector<double> expected = encoded_and_decoded_errors(levels, x);
+      ASSERT_EQ(shortcut.size(), expected.size()) << spec;
+      double total = 0;
+      for (float v : x) total += static_cast<double>(v) * v;
+      for (size_t l = 0; l < expected.size(); ++l) {
+        EXPECT_NEAR(shortcut[l], expected[l], 1e-12 * total) << spec << " ties " << ties << " level " << l;
+      }
+      at::Tensor tensor = at::from_blob(x.data(), {static_cast<int64_t>(x.size())}, at::kFloat);
+      EXPECT_EQ(level_errors(levels, tensor, EncodeContext{}), shortcut) << spec;
+    }
+  }
+}
+
+TEST(LayerBudgetTest, CodecsWithoutTheShortcutAreEncodedAndDecoded) {
+  std::mt19937 gen(6);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(3000);
+  for (auto& v : x) v = normal(gen);
+  const auto n = static_cast<int64_t>(x.size());
+  for (const std::string spec : {"topk:density=0.02,values=fp16", "stc:density=0.02,approx=1", "randomk:density=0.02",
+                                 "qsgd:bits=4"}) {
+    const CodecLevels levels = codec_levels(codec(spec));
+    std::vector<double> budgets;
+    for (const auto& level : levels.codecs) budgets.push_back(level->budget().value);
+    EXPECT_TRUE(levels.codecs.front()->errors_at_budgets(x.data(), n, budgets).empty()) << spec;
+    at::Tensor tensor = at::from_blob(x.data(), {n}, at::kFloat);
+    if (spec.starts_with("topk") || spec.starts_with("stc")) {  // deterministic encodes
+      EXPECT_EQ(level_errors(levels, tensor, EncodeContext{}), encoded_and_decoded_errors(levels, x)) << spec;
+    }
+  }
+  // A non-finite x has no magnitudes to sort: the encode-decode path.
+  std::vector<float> bad = x;
+  bad[17] = std::numeric_limits<float>::infinity();
+  const CodecLevels stc = codec_levels(codec("stc:density=0.02"));
+  EXPECT_TRUE(stc.codecs.front()->errors_at_budgets(bad.data(), n, {0.01, 0.02}).empty());
 }
 
 }  // namespace
