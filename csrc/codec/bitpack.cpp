@@ -114,7 +114,7 @@ uint64_t BitReader::window(int& valid) const {
   return word >> shift;
 }
 
-uint64_t BitReader::get(int bits) {
+uint64_t BitReader::get_near_end(int bits) {
   if (bits == 0) return 0;
   if (bits > 56) {
     const uint64_t low = get(32);
@@ -132,7 +132,7 @@ uint64_t BitReader::get(int bits) {
   return value;
 }
 
-uint64_t BitReader::get_ones() {
+uint64_t BitReader::get_ones_near_end() {
   uint64_t ones = 0;
   while (true) {
     int valid;
