@@ -33,7 +33,10 @@ a table, writes JSON and two plots (accuracy against bytes, accuracy against tim
 Time to accuracy: --target dense-0.005 is the accuracy the first method ("none", dense)
 ends at, less half a point; --stop-at-target ends each later method at the first epoch
 that reaches the target or whose training time has passed the first method's, however
-many epochs that takes (a method no faster than dense gains nothing by running on). Gradzip specs with momentum
+many epochs that takes (a method no faster than dense gains nothing by running on).
+--target-window N judges both by the mean accuracy of the last N evaluations: at a
+constant learning rate one evaluation can sit a point above or below its neighbours,
+and would otherwise set the target or reach it by chance. Gradzip specs with momentum
 correction (a `momentum` key) move the momentum into the aggregation: their SGD runs
 without its own, as examples/train_fashion_mnist.py does.
 """
@@ -228,7 +231,7 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
         if rank == 0:
             print(f"  {name:<52} epoch {epoch}: accuracy {accuracy:.2%}  time {elapsed:7.1f} s  "
                   f"sent per rank {sent.item() / 1e6:9.2f} MB", flush=True)
-        if target is not None and (accuracy >= target or elapsed >= budget):
+        if target is not None and (windowed(epochs, args.target_window)[-1] >= target or elapsed >= budget):
             break
     return epochs
 
@@ -242,11 +245,23 @@ def learning_rate_schedule(opt, kind, steps):
     return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 0.5 * (1 + math.cos(math.pi * min(step, steps) / steps)))
 
 
-def time_to(epochs, target):
-    """Training seconds at the first epoch whose accuracy reaches target, or None."""
+def windowed(epochs, window):
+    """Each epoch's accuracy as the mean over it and the window − 1 evaluations before
+    it (fewer at the start)."""
+    accuracy = [e["accuracy"] for e in epochs]
+    means = []
+    for i in range(len(accuracy)):
+        last = accuracy[max(0, i + 1 - window):i + 1]
+        means.append(sum(last) / len(last))
+    return means
+
+
+def time_to(epochs, target, window=1):
+    """Training seconds at the first epoch whose accuracy (its mean over `window`
+    evaluations) reaches target, or None."""
     if target is None:
         return None
-    return next((e["seconds"] for e in epochs if e["accuracy"] >= target), None)
+    return next((e["seconds"] for e, a in zip(epochs, windowed(epochs, window)) if a >= target), None)
 
 
 def plot(results, path, title):
@@ -285,6 +300,9 @@ def main():
     parser.add_argument("--target", default=None,
                         help="a test accuracy (e.g. 0.8), or dense-D: the first method's final accuracy less D; "
                              "the table gives the time to reach it")
+    parser.add_argument("--target-window", type=int, default=1,
+                        help="judge the target by the mean accuracy of the last N evaluations (dense-D too): "
+                             "one evaluation's noise then neither sets the target nor reaches it")
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end each method after the first one at the target or at the first method's time")
     parser.add_argument("--quick", action="store_true",
@@ -296,6 +314,8 @@ def main():
     methods = METHODS.get(args.methods) or [m for m in args.methods.split(";") if m]
     if args.stop_at_target and args.target is None:
         parser.error("--stop-at-target needs --target")
+    if args.target_window < 1:
+        parser.error("--target-window must be at least 1")
     # "dense-D": D below the first method's final accuracy, known once it has run.
     below_first = float(args.target[len("dense-"):]) if args.target and args.target.startswith("dense-") else None
     target = float(args.target) if args.target is not None and below_first is None else None
@@ -321,14 +341,15 @@ def main():
         results[name] = train(name, args, data, rank, world, group, target if stop else None,
                               results[methods[0]][-1]["seconds"] if stop else None)
         if i == 0 and below_first is not None:
-            target = results[name][-1]["accuracy"] - below_first
+            target = windowed(results[name], args.target_window)[-1] - below_first
             if rank == 0:
-                print(f"  target: {name}'s final accuracy less {below_first:g}: {target:.2%}", flush=True)
+                print(f"  target: {name}'s final accuracy (mean of its last {args.target_window} evaluations) "
+                      f"less {below_first:g}: {target:.2%}", flush=True)
 
     if rank == 0:
         first = results[methods[0]]  # the reference: dense, where the run starts with it
         dense = first[-1]["bytes_sent"] if methods[0].partition("@")[0] == "none" else None
-        none_to_target = time_to(first, target) if target else None
+        none_to_target = time_to(first, target, args.target_window) if target else None
         header = (f"{'method':<40} | {'accuracy':>8} | {'time':>8} | {'step':>8} | {'step/compute':>12} | "
                   f"{'to target':>9} | {'speedup':>7} | {'sent per rank':>13} | {'fewer bytes':>11}")
         print(f"\nlast epoch of each method; {args.model}; compute-only step {compute * 1e3:.1f} ms; "
@@ -338,7 +359,7 @@ def main():
         for name, epochs in results.items():
             last = epochs[-1]
             fewer = f"{dense / max(last['bytes_sent'], 1):10.1f}x" if dense else "-"
-            reached = time_to(epochs, target)
+            reached = time_to(epochs, target, args.target_window)
             to_target = f"{reached:7.1f} s" if reached is not None else "-"
             speedup = f"{none_to_target / reached:6.2f}x" if reached and none_to_target else "-"
             print(f"{name:<40} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
@@ -348,7 +369,7 @@ def main():
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": target,
                 "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                "lr_schedule": args.lr_schedule,
+                "lr_schedule": args.lr_schedule, "target_window": args.target_window,
                 "lrs": {name: Method.lr_of(name, args.lr) for name in results},
                 "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
                 "cores": os.cpu_count(), "torch": torch.__version__}
