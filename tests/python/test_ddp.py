@@ -1,4 +1,5 @@
 """DDP over the gradzip backend trains exactly like DDP over Gloo."""
+import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -14,10 +15,16 @@ def small_cnn():
         torch.nn.Linear(4 * 5 * 5, 16), torch.nn.ReLU(), torch.nn.Linear(16, 10))
 
 
-def train(rank, group):
+def train(rank, group, hook_spec=None, bucket_view=False):
+    """STEPS of SGD with DDP over `group`; with `hook_spec`, gradzip's hook registered as
+    a user would (the model and the optimizer given)."""
+    import gradzip
     torch.manual_seed(0)  # the same initial model on every rank and for both groups
-    model = DDP(small_cnn(), process_group=group, bucket_cap_mb=0.001)  # several buckets
+    model = DDP(small_cnn(), process_group=group, bucket_cap_mb=0.001,  # several buckets
+                gradient_as_bucket_view=bucket_view)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    if hook_spec is not None:
+        model.register_comm_hook(gradzip.hooks.State(hook_spec, model=model, optimizer=opt), gradzip.hooks.hook)
     for step in range(STEPS):
         g = torch.Generator().manual_seed(1000 * step + rank)
         x = torch.randn(8, 1, 12, 12, generator=g)
@@ -47,6 +54,25 @@ def test_ddp_over_gradzip_is_bitwise_ddp_over_gloo():
     initial = list(small_cnn().parameters())
     assert any(not torch.equal(p, q) for p, q in zip(initial, reference))
 
+
+def hook_with_and_without_bucket_views(rank, world, spec):
+    dist.init_process_group("gloo")
+    return train(rank, None, spec, bucket_view=False), train(rank, None, spec, bucket_view=True)
+
+
+@pytest.mark.parametrize("spec", ["stc:density=0.05", "topk:density=0.05,layers=off", "qsgd:bits=4"])
+def test_the_hook_trains_the_same_with_gradients_as_bucket_views(spec):
+    """DDP(gradient_as_bucket_view=True) makes the gradients views of the buckets the hook
+    aggregates in place, and zero_grad() sets them to None between steps: the same bits
+    as with DDP's copies, on every rank."""
+    results = run_ranks(hook_with_and_without_bucket_views, 3, spec)
+    reference = results[0][0]
+    for rank, (copied, viewed) in enumerate(results):
+        for a, b, c in zip(copied, viewed, reference):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank}: bucket views changed the bits"
+            assert torch.equal(a.view(torch.int32), c.view(torch.int32)), f"rank {rank} != rank 0"
+    torch.manual_seed(0)
+    assert any(not torch.equal(p, q) for p, q in zip(small_cnn().parameters(), reference))
 
 
 def one_bucket_with_a_metric_now_and_then(rank, world):
