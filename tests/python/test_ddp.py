@@ -101,3 +101,103 @@ def test_ddp_keeps_its_bucket_state_across_other_all_reduces():
         # per epoch: 9·4n + 9·0.8n.
         dense = numel * 4
         assert 3 * dense < sent < 3 * dense + 15 * 0.3 * dense, (sent, dense)
+
+
+def batches(rank, count, step0=0):
+    """This rank's `count` batches of the small CNN's inputs."""
+    for step in range(step0, step0 + count):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        yield torch.randn(8, 1, 12, 12, generator=g), torch.randint(0, 10, (8,), generator=g)
+
+
+def uneven_inputs_joined(rank, world, backend, hook_spec):
+    """DDP's Join for uneven inputs: rank r has 4 + 2r batches; ranks that run out shadow
+    the others' all-reduces (with a comm hook: the hook on zero buckets). `backend` may
+    be "gradzip:SPEC", a gradzip group that compresses all_reduce with SPEC."""
+    import gradzip
+    from torch.distributed.algorithms.join import Join
+    backend, _, aggregation = backend.partition(":")
+    gradzip.init_process_group(backend, pg_options=gradzip.Options(aggregation=aggregation) if aggregation else None)
+    torch.manual_seed(0)
+    model = DDP(small_cnn(), bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = None
+    if hook_spec is not None:
+        state = gradzip.hooks.State(hook_spec, model=model, optimizer=opt)
+        model.register_comm_hook(state, gradzip.hooks.hook)
+    with Join([model]):
+        for x, y in batches(rank, 4 + 2 * rank):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    dist.all_reduce(torch.ones(2))  # the group still works after the join
+    sent = gradzip.stats()["bytes_sent"] if aggregation else None
+    return [p.detach().clone() for p in model.parameters()], None if state is None else state.iteration, sent
+
+
+def test_ddp_join_with_uneven_inputs_on_a_gradzip_group_is_bitwise_gloos():
+    over_gradzip = run_ranks(uneven_inputs_joined, 3, "gradzip", None, timeout=120)
+    over_gloo = run_ranks(uneven_inputs_joined, 3, "gloo", None, timeout=120)
+    for rank in range(3):
+        for a, b, c in zip(over_gradzip[rank][0], over_gloo[rank][0], over_gloo[0][0]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank}: gradzip != gloo"
+            assert torch.equal(a.view(torch.int32), c.view(torch.int32)), f"rank {rank} != rank 0"
+
+
+@pytest.mark.parametrize("backend, spec", [("gloo", "stc:density=0.05"), ("gloo", "qsgd:bits=4"),
+                                           ("gradzip:stc:density=0.05", None)])
+def test_compression_under_ddp_join_with_uneven_inputs(backend, spec):
+    """The hook, or a compressing gradzip group: every rank ends with the same bits, and
+    the hook ran once per step of the rank with the most batches (8): the joined ranks'
+    shadow steps go through it too."""
+    outs = run_ranks(uneven_inputs_joined, 3, backend, spec, timeout=120)
+    for rank, (params, iterations, sent) in enumerate(outs):
+        assert iterations == (8 if spec else None), (rank, iterations)
+        if sent is not None:  # the group compressed: under half a ring's bytes for 8 steps
+            dense = 8 * 2 * 2 / 3 * 4 * sum(p.numel() for p in params)
+            assert sent < dense / 2, (rank, sent, dense)
+        for a, b in zip(params, outs[0][0]):
+            assert torch.isfinite(a).all()
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank} != rank 0"
+    torch.manual_seed(0)
+    assert any(not torch.equal(p, q) for p, q in zip(small_cnn().parameters(), outs[0][0]))
+
+
+def accumulated_with_no_sync(rank, world, backend, hook_spec):
+    """Gradient accumulation: 3 micro-batches per step, the first 2 under DDP's no_sync()."""
+    import gradzip
+    gradzip.init_process_group(backend)
+    torch.manual_seed(0)
+    model = DDP(small_cnn(), bucket_cap_mb=0.001)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = None
+    if hook_spec is not None:
+        state = gradzip.hooks.State(hook_spec, model=model, optimizer=opt)
+        model.register_comm_hook(state, gradzip.hooks.hook)
+    for step in range(5):
+        opt.zero_grad()
+        micro = list(batches(rank, 3, 3 * step))
+        with model.no_sync():
+            for x, y in micro[:2]:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+        torch.nn.functional.cross_entropy(model(micro[2][0]), micro[2][1]).backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()], None if state is None else state.iteration
+
+
+def test_gradient_accumulation_with_no_sync_on_a_gradzip_group_is_bitwise_gloos():
+    over_gradzip = run_ranks(accumulated_with_no_sync, 3, "gradzip", None)
+    over_gloo = run_ranks(accumulated_with_no_sync, 3, "gloo", None)
+    for rank in range(3):
+        for a, b in zip(over_gradzip[rank][0], over_gloo[rank][0]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank}: gradzip != gloo"
+
+
+def test_the_hook_with_gradient_accumulation_under_no_sync():
+    """The hook runs once per optimizer step (not per micro-batch), on the accumulated
+    gradients, with the same bits on every rank."""
+    outs = run_ranks(accumulated_with_no_sync, 3, "gloo", "stc:density=0.05")
+    for rank, (params, iterations) in enumerate(outs):
+        assert iterations == 5, (rank, iterations)
+        for a, b in zip(params, outs[0][0]):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32)), f"rank {rank} != rank 0"
