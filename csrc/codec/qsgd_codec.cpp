@@ -1,7 +1,13 @@
+#include <immintrin.h>
+
+#include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "codec/bitpack.h"
 #include "codec/codec_base.h"
+#include "codec/cpu_features.h"
 #include "codec/element_math.cuh"
 #include "codec/philox_block.h"
 #include "codec/qsgd_codec.h"
@@ -56,6 +62,49 @@ QsgdLayout read_qsgd_layout(wire::Reader& r, int64_t n) {
 
 namespace {
 
+// out[i] += unit × level_i, negated where the sign bit is set, for the first elements of
+// `n` whose codes (`width` bits each, sign on top, from a byte boundary) are in whole
+// groups of eight with 16 readable bytes at `bytes` from `packed`: the scalar loop's
+// float operations, eight lanes at a time. Raises `highest` to the greatest level seen
+// and returns the elements added (a multiple of 8).
+__attribute__((target("avx2"))) int64_t add_codes_avx2(const uint8_t* packed, uint64_t bytes, int64_t n, int width,
+                                                       float unit, float* out, uint32_t& highest) {
+  // Lane j's code starts at bit j·width of the group: its three bytes from byte
+  // j·width / 8 (pshufb, within each 128-bit half, both holding the group's 16 bytes),
+  // shifted right by j·width % 8 (at most 7 + 16 bits: within 24).
+  alignas(32) uint8_t shuffle[32];
+  alignas(32) uint32_t shift[8];
+  for (int j = 0; j < 8; ++j) {
+    const int bit = j * width;
+    for (int k = 0; k < 4; ++k) {  // 0x80: a zero byte (the group's 16 bytes hold every code's bits)
+      shuffle[4 * j + k] = k < 3 && bit / 8 + k < 16 ? static_cast<uint8_t>(bit / 8 + k) : 0x80;
+    }
+    shift[j] = static_cast<uint32_t>(bit % 8);
+  }
+  const __m256i bytes_of_lane = _mm256_load_si256(reinterpret_cast<const __m256i*>(shuffle));
+  const __m256i shifts = _mm256_load_si256(reinterpret_cast<const __m256i*>(shift));
+  const __m256i level_mask = _mm256_set1_epi32((1 << (width - 1)) - 1);
+  const __m128i sign_to_top = _mm_cvtsi32_si128(32 - width);  // the code's top bit to the float's sign
+  const __m256i sign_mask = _mm256_set1_epi32(static_cast<int>(0x80000000u));
+  const __m256 vunit = _mm256_set1_ps(unit);
+  __m256i most = _mm256_setzero_si256();
+  const int64_t groups = std::min<int64_t>(n / 8, bytes >= 16 ? static_cast<int64_t>((bytes - 16) / width + 1) : 0);
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m128i group = _mm_loadu_si128(reinterpret_cast<const __m128i*>(packed + g * width));
+    const __m256i lanes = _mm256_srlv_epi32(_mm256_shuffle_epi8(_mm256_broadcastsi128_si256(group), bytes_of_lane), shifts);
+    const __m256i level = _mm256_and_si256(lanes, level_mask);
+    const __m256i sign = _mm256_and_si256(_mm256_sll_epi32(lanes, sign_to_top), sign_mask);
+    most = _mm256_max_epu32(most, level);
+    const __m256 magnitude = _mm256_mul_ps(vunit, _mm256_cvtepi32_ps(level));
+    const __m256 value = _mm256_xor_ps(magnitude, _mm256_castsi256_ps(sign));
+    _mm256_storeu_ps(out + 8 * g, _mm256_add_ps(_mm256_loadu_ps(out + 8 * g), value));
+  }
+  alignas(32) uint32_t lanes_most[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes_most), most);
+  for (const uint32_t level : lanes_most) highest = std::max(highest, level);
+  return 8 * groups;
+}
+
 class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParameters> {
  public:
   explicit QsgdCodec(const QsgdParameters& p) : ElementwiseCodec(CodecId::kQsgd), WithParameters(p) {}
@@ -81,25 +130,25 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
     const int64_t bucket = layout.bucket;
     const uint8_t* norms = r.at(layout.norms);
     const uint8_t* packed = r.at(layout.codes);
-    std::vector<uint16_t> codes;
+    thread_local std::vector<uint16_t> codes;
     const uint16_t sign_bit = static_cast<uint16_t>(1u << (width - 1));
     for (int64_t b = from / bucket; b * bucket < to; ++b) {  // each bucket's part of [from, to)
       float bucket_norm;
       std::memcpy(&bucket_norm, norms + 4 * b, 4);
-      const int64_t begin = std::max(from, b * bucket), length = std::min(to, (b + 1) * bucket) - begin;
-      if (width == 4 && begin % 2 == 0) {  // whole bytes: one pass, by table
-        if (!add_bucket_by_table(packed + begin / 2, length, levels, scale * bucket_norm,
-                                 out + begin)) {
-          r.fail("a level above " + std::to_string(levels));
-        }
-        continue;
+      const float unit = scale * bucket_norm / static_cast<float>(levels);
+      int64_t begin = std::max(from, b * bucket);
+      const int64_t end = std::min(to, (b + 1) * bucket);
+      uint32_t highest = 0;  // checked apart from the arithmetic, so the loops vectorize
+      const uint64_t first_bit = static_cast<uint64_t>(begin) * width;
+      if (kHasAvx2 && first_bit % 8 == 0) {
+        begin += add_codes_avx2(packed + first_bit / 8, layout.codes.bytes - first_bit / 8, end - begin, width, unit,
+                                out + begin, highest);
       }
+      const int64_t length = end - begin;
       codes.resize(length);
       unpack_bucket(packed, begin, length, width, codes.data());
-      uint32_t highest = 0;  // checked apart from the arithmetic, so both loops vectorize
       for (int64_t i = 0; i < length; ++i) highest = std::max<uint32_t>(highest, codes[i] & (sign_bit - 1));
       if (highest > levels) r.fail("level " + std::to_string(highest) + " above " + std::to_string(levels));
-      const float unit = scale * bucket_norm / static_cast<float>(levels);
       float* target = out + begin;
       for (int64_t i = 0; i < length; ++i) {
         const float magnitude = unit * static_cast<float>(codes[i] & (sign_bit - 1));
@@ -191,32 +240,6 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
     double total = 0.0;
     for (float lane : lanes) total += lane;
     return static_cast<float>(std::sqrt(total));
-  }
-
-  // Adds a byte-aligned bucket of 4-bit codes in one pass: each code's value (the same
-  // float operations as the general path) from a table of the 16 codes. (8-bit codes
-  // vectorize better through the general path.) Returns false, having added nothing,
-  // when a code's level is above `levels`.
-  static bool add_bucket_by_table(const uint8_t* codes, int64_t length, uint32_t levels, float norm, float* target) {
-    const uint32_t sign_bit = 8;
-    float table[16];
-    bool invalid[16];
-    for (uint32_t c = 0; c < 16; ++c) {
-      const uint32_t level = c & (sign_bit - 1);
-      const float magnitude = norm / static_cast<float>(levels) * static_cast<float>(level);
-      table[c] = (c & sign_bit) ? -magnitude : magnitude;
-      invalid[c] = level > levels;
-    }
-    bool bad = false;
-    for (int64_t j = 0; j < length / 2; ++j) bad |= invalid[codes[j] & 0xf] | invalid[codes[j] >> 4];
-    if (length % 2) bad |= invalid[codes[length / 2] & 0xf];  // the other half is not this bucket's
-    if (bad) return false;
-    for (int64_t j = 0; j < length / 2; ++j) {
-      target[2 * j] += table[codes[j] & 0xf];
-      target[2 * j + 1] += table[codes[j] >> 4];
-    }
-    if (length % 2) target[length - 1] += table[codes[length / 2] & 0xf];
-    return true;
   }
 
   // Codes [begin, begin + length) of the packed stream.

@@ -378,36 +378,58 @@ TEST(CodecTest, QsgdLevelsAreBoundedByTheNorm) {
   }
 }
 
-// Byte-aligned 4-bit buckets decode by table, others code by code: the same sums,
-// and a level above s is refused on both paths.
-TEST(CodecTest, QsgdDecodePathsAgreeAndRefuseHighLevels) {
-  const auto x = random_input(1001, 12);
-  for (const std::string spec : {"qsgd:levels=5,bucket=100", "qsgd:levels=5,bucket=33", "qsgd:levels=100,bucket=64",
-                                 "qsgd:levels=100,bucket=7"}) {
-    auto payload = encode(spec, x, nullptr, {3, 1, 0});
-    const auto decoded = decode(payload, 1001);
-    // The reference: each element from its code, as the wire format defines it.
+// Every code width (2 to 16 bits), buckets that start mid-byte or not, sizes that end
+// mid-group: each element is its code's value as the wire format defines it, whether
+// decoded eight lanes at a time or code by code; a level above s is refused either way,
+// in the first group of a bucket or after it.
+TEST(CodecTest, QsgdDecodeIsEachCodesValueAndRefusesHighLevels) {
+  const int64_t n = 5003;
+  const auto x = random_input(n, 12);
+  for (const std::string spec :
+       {"qsgd:levels=1,norm=max", "qsgd:levels=3,bucket=100", "qsgd:levels=5,bucket=33", "qsgd:bits=4",
+        "qsgd:levels=15,bucket=64", "qsgd:levels=31,bucket=7", "qsgd:levels=63,bucket=1000", "qsgd:levels=100,bucket=64",
+        "qsgd:levels=255,bucket=9", "qsgd:levels=1000", "qsgd:levels=9000,bucket=33", "qsgd:levels=4095,bucket=17", "qsgd:levels=16383",
+        "qsgd:bits=16,bucket=100"}) {
+    const auto payload = encode(spec, x, nullptr, {3, 1, 0});
+    const auto decoded = decode(payload, n);
     const auto codec = make_codec(parse_spec(spec));
     const QsgdParameters& parameters = qsgd_parameters(*codec);
-    const int width = parameters.levels == 5 ? 4 : 8;
-    const int64_t bucket = parameters.bucket, buckets = (1001 + bucket - 1) / bucket;
+    const int width = qsgd_code_width(parameters.levels);
+    const int64_t bucket = parameters.bucket, buckets = (n + bucket - 1) / bucket;
     const size_t codes_at = kPayloadHeaderBytes + 8 + 4 * buckets;
-    for (int64_t i = 0; i < 1001; ++i) {
-      const uint64_t bit = static_cast<uint64_t>(i) * width;
-      const uint32_t code = (payload[codes_at + bit / 8] >> (bit % 8)) & ((1u << width) - 1);
+    const auto code_at = [&](const std::vector<uint8_t>& bytes, int64_t i) {
+      uint32_t code = 0;
+      for (int k = 0; k < width; ++k) {
+        const uint64_t bit = static_cast<uint64_t>(i) * width + k;
+        code |= static_cast<uint32_t>((bytes[codes_at + bit / 8] >> (bit % 8)) & 1) << k;
+      }
+      return code;
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t code = code_at(payload, i);
       float norm;
       std::memcpy(&norm, payload.data() + kPayloadHeaderBytes + 8 + 4 * (i / bucket), 4);
       const uint32_t sign = 1u << (width - 1), level = code & (sign - 1);
       const float magnitude = 1.0f * norm / static_cast<float>(parameters.levels) * static_cast<float>(level);
       ASSERT_EQ(decoded[i], (code & sign) ? -magnitude : magnitude) << spec << " element " << i;
     }
-    payload[codes_at + 1] = static_cast<uint8_t>(width == 4 ? 0x70 : 0x7F);  // level 7 (of 5) or 127 (of 100)
-    std::vector<float> out(1001, 0.0f);
-    try {
-      codec->decode_add(payload.data(), payload.size(), out.data(), 1001);
-      FAIL() << spec;
-    } catch (const PayloadError& e) {
-      EXPECT_NE(std::string(e.what()).find("level"), std::string::npos) << e.what();
+    // A level above s: all ones below the sign bit, at an element of the first group
+    // (eight lanes), in a later bucket, and in the last, code by code.
+    if (parameters.levels == (1 << (width - 1)) - 1) continue;  // every level fits
+    for (const int64_t bad : {int64_t{3}, n / 2 + 5, n - 2}) {
+      auto broken = payload;
+      for (int k = 0; k < width - 1; ++k) {
+        const uint64_t bit = static_cast<uint64_t>(bad) * width + k;
+        broken[codes_at + bit / 8] |= static_cast<uint8_t>(1u << (bit % 8));
+      }
+      ASSERT_GT(code_at(broken, bad) & ((1u << (width - 1)) - 1), static_cast<uint32_t>(parameters.levels));
+      std::vector<float> out(n, 0.0f);
+      try {
+        codec->decode_add(broken.data(), broken.size(), out.data(), n);
+        FAIL() << spec << " element " << bad;
+      } catch (const PayloadError& e) {
+        EXPECT_NE(std::string(e.what()).find("level"), std::string::npos) << e.what();
+      }
     }
   }
 }

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -254,6 +255,30 @@ TEST(BitReaderTest, WordReadsMatchBitByBit) {
       }
       ASSERT_EQ(fast.bits_read(), position) << trial;
       ASSERT_EQ(fast.failed(), failed) << trial;
+    }
+  }
+}
+
+// unpack_codes reads eight codes per load where whole groups fit and the rest code by
+// code: every width, every count around a group, from a buffer of exactly the codes'
+// bytes (a load past them would show under the sanitizers).
+TEST(BitpackTest, UnpackedCodesAreTheBitsAtEachOffset) {
+  std::mt19937 rng(9);
+  for (int width = 1; width <= 16; ++width) {
+    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{8}, int64_t{9}, int64_t{15}, int64_t{16},
+                            int64_t{17}, int64_t{63}, int64_t{1000}, int64_t{4099}}) {
+      auto stream = std::make_unique<uint8_t[]>((n * width + 7) / 8);
+      for (int64_t b = 0; b < (n * width + 7) / 8; ++b) stream[b] = static_cast<uint8_t>(rng());
+      std::vector<uint16_t> codes(n);
+      bitpack::unpack_codes(stream.get(), n, width, codes.data());
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t expected = 0;
+        for (int k = 0; k < width; ++k) {
+          const uint64_t bit = static_cast<uint64_t>(i) * width + k;
+          expected |= static_cast<uint32_t>((stream[bit / 8] >> (bit % 8)) & 1u) << k;
+        }
+        ASSERT_EQ(codes[i], expected) << "width " << width << " n " << n << " element " << i;
+      }
     }
   }
 }
