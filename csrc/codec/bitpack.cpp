@@ -81,6 +81,25 @@ int64_t unpack_groups(const uint8_t* in, int64_t n, uint64_t bytes, uint16_t* co
   return groups;
 }
 
+// Writes n / 8 groups of eight codes (their low kWidth bits), each group's kWidth bytes
+// from one word: exactly those bytes, nothing past them.
+template <int kWidth>
+void pack_groups(const uint32_t* codes, int64_t groups, uint8_t* out) {
+  using Word = std::conditional_t<(kWidth <= 8), uint64_t, unsigned __int128>;
+  constexpr uint32_t kMask = (uint32_t{1} << kWidth) - 1;
+  for (int64_t g = 0; g < groups; ++g) {
+    Word word = 0;
+    for (int j = 0; j < 8; ++j) word |= static_cast<Word>(codes[8 * g + j] & kMask) << (j * kWidth);
+    std::memcpy(out + g * kWidth, &word, kWidth);
+  }
+}
+
+template <int... kWidths>
+void pack_groups_of(int width, const uint32_t* codes, int64_t groups, uint8_t* out,
+                    std::integer_sequence<int, kWidths...>) {
+  ((width == kWidths + 1 ? (pack_groups<kWidths + 1>(codes, groups, out), true) : false) || ...);
+}
+
 template <int... kWidths>
 int64_t unpack_groups_of(int width, const uint8_t* in, int64_t n, uint64_t bytes, uint16_t* codes,
                          std::integer_sequence<int, kWidths...>) {
@@ -108,6 +127,10 @@ void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes) {
     buffer >>= width;
     filled -= width;
   }
+}
+
+void pack_code_groups(const uint32_t* codes, int64_t n, int width, uint8_t* out) {
+  pack_groups_of(width, codes, n / 8, out, std::make_integer_sequence<int, 16>{});
 }
 
 void BitWriter::put(uint64_t value, int bits) {

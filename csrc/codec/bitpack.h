@@ -17,6 +17,9 @@ void add_signs(const uint8_t* bits, int64_t n, float plus, float minus, float* o
 
 // Reads n codes of `width` bits (1..16) each, element i at bit offset i × width.
 void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes);
+// Writes codes[0, n) (n a multiple of 8; the low `width` bits, 1..16, of each) into
+// exactly n × width / 8 bytes of `out`, element i at bit offset i × width.
+void pack_code_groups(const uint32_t* codes, int64_t n, int width, uint8_t* out);
 
 // Writes bits into a growing byte vector; flush() pads the last byte with zeros.
 class BitWriter {

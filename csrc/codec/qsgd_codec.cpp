@@ -186,16 +186,9 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
         } else {
           for (int j = 0; j < count; ++j) quantize<1>(u + i + j, inverse, random + j, sign_bit, codes + j);
         }
-        if (filled == 0 && width == 8 && count == kPhiloxWords) {  // byte-aligned fast paths
-          for (int j = 0; j < kPhiloxWords; ++j) packed[j] = static_cast<uint8_t>(codes[j]);
-          packed += kPhiloxWords;
-          continue;
-        }
-        if (filled == 0 && width == 4 && count == kPhiloxWords) {
-          for (int j = 0; j < kPhiloxWords / 2; ++j) {
-            packed[j] = static_cast<uint8_t>(codes[2 * j] | (codes[2 * j + 1] << 4));
-          }
-          packed += kPhiloxWords / 2;
+        if (filled == 0 && count == kPhiloxWords) {  // whole bytes: eight codes at a time
+          bitpack::pack_code_groups(codes, kPhiloxWords, width, packed);
+          packed += kPhiloxWords / 8 * width;
           continue;
         }
         for (int j = 0; j < count; ++j) {

@@ -283,6 +283,28 @@ TEST(BitpackTest, UnpackedCodesAreTheBitsAtEachOffset) {
   }
 }
 
+// pack_code_groups writes each group of eight codes' bits where unpack_codes reads them,
+// into a buffer of exactly their bytes, ignoring bits above the width.
+TEST(BitpackTest, PackedGroupsHoldEachCodeAtItsOffset) {
+  std::mt19937 rng(10);
+  for (int width = 1; width <= 16; ++width) {
+    for (const int64_t n : {int64_t{0}, int64_t{8}, int64_t{16}, int64_t{64}, int64_t{4096}}) {
+      std::vector<uint32_t> codes(n);
+      for (auto& code : codes) code = rng();  // bits above the width too
+      auto packed = std::make_unique<uint8_t[]>(n * width / 8);
+      bitpack::pack_code_groups(codes.data(), n, width, packed.get());
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t got = 0;
+        for (int k = 0; k < width; ++k) {
+          const uint64_t bit = static_cast<uint64_t>(i) * width + k;
+          got |= static_cast<uint32_t>((packed[bit / 8] >> (bit % 8)) & 1u) << k;
+        }
+        ASSERT_EQ(got, codes[i] & ((1u << width) - 1)) << "width " << width << " n " << n << " element " << i;
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gradzip
 
