@@ -259,6 +259,16 @@ TEST(BitReaderTest, WordReadsMatchBitByBit) {
   }
 }
 
+// Code i of `width` bits in a little-endian bit stream, read bit by bit.
+uint32_t code_bits(const uint8_t* stream, int64_t i, int width) {
+  uint32_t code = 0;
+  for (int k = 0; k < width; ++k) {
+    const uint64_t bit = static_cast<uint64_t>(i) * width + k;
+    code |= static_cast<uint32_t>((stream[bit / 8] >> (bit % 8)) & 1u) << k;
+  }
+  return code;
+}
+
 // unpack_codes reads eight codes per load where whole groups fit and the rest code by
 // code: every width, every count around a group, from a buffer of exactly the codes'
 // bytes (a load past them would show under the sanitizers).
@@ -272,12 +282,7 @@ TEST(BitpackTest, UnpackedCodesAreTheBitsAtEachOffset) {
       std::vector<uint16_t> codes(n);
       bitpack::unpack_codes(stream.get(), n, width, codes.data());
       for (int64_t i = 0; i < n; ++i) {
-        uint32_t expected = 0;
-        for (int k = 0; k < width; ++k) {
-          const uint64_t bit = static_cast<uint64_t>(i) * width + k;
-          expected |= static_cast<uint32_t>((stream[bit / 8] >> (bit % 8)) & 1u) << k;
-        }
-        ASSERT_EQ(codes[i], expected) << "width " << width << " n " << n << " element " << i;
+        ASSERT_EQ(codes[i], code_bits(stream.get(), i, width)) << "width " << width << " n " << n << " element " << i;
       }
     }
   }
@@ -294,12 +299,8 @@ TEST(BitpackTest, PackedGroupsHoldEachCodeAtItsOffset) {
       auto packed = std::make_unique<uint8_t[]>(n * width / 8);
       bitpack::pack_code_groups(codes.data(), n, width, packed.get());
       for (int64_t i = 0; i < n; ++i) {
-        uint32_t got = 0;
-        for (int k = 0; k < width; ++k) {
-          const uint64_t bit = static_cast<uint64_t>(i) * width + k;
-          got |= static_cast<uint32_t>((packed[bit / 8] >> (bit % 8)) & 1u) << k;
-        }
-        ASSERT_EQ(got, codes[i] & ((1u << width) - 1)) << "width " << width << " n " << n << " element " << i;
+        ASSERT_EQ(code_bits(packed.get(), i, width), codes[i] & ((1u << width) - 1))
+            << "width " << width << " n " << n << " element " << i;
       }
     }
   }
