@@ -94,25 +94,22 @@ void pack_groups(const uint32_t* codes, int64_t groups, uint8_t* out) {
   }
 }
 
-template <int... kWidths>
-void pack_groups_of(int width, const uint32_t* codes, int64_t groups, uint8_t* out,
-                    std::integer_sequence<int, kWidths...>) {
-  ((width == kWidths + 1 ? (pack_groups<kWidths + 1>(codes, groups, out), true) : false) || ...);
+// Calls f(std::integral_constant<int, width>) for a width of 1..16.
+template <class F, int... kWidths>
+void with_width(int width, F&& f, std::integer_sequence<int, kWidths...>) {
+  ((width == kWidths + 1 ? (f(std::integral_constant<int, kWidths + 1>{}), true) : false) || ...);
 }
-
-template <int... kWidths>
-int64_t unpack_groups_of(int width, const uint8_t* in, int64_t n, uint64_t bytes, uint16_t* codes,
-                         std::integer_sequence<int, kWidths...>) {
-  int64_t groups = 0;
-  ((width == kWidths + 1 ? (groups = unpack_groups<kWidths + 1>(in, n, bytes, codes), true) : false) || ...);
-  return groups;
+template <class F>
+void with_width(int width, F&& f) {
+  with_width(width, std::forward<F>(f), std::make_integer_sequence<int, 16>{});
 }
 
 }  // namespace
 
 void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes) {
   const uint64_t bytes = (static_cast<uint64_t>(n) * static_cast<uint64_t>(width) + 7) / 8;
-  const int64_t groups = unpack_groups_of(width, in, n, bytes, codes, std::make_integer_sequence<int, 16>{});
+  int64_t groups = 0;
+  with_width(width, [&](auto w) { groups = unpack_groups<w()>(in, n, bytes, codes); });
   // The last elements, bit by bit from the byte where the groups ended.
   const uint64_t mask = (uint64_t{1} << width) - 1;
   uint64_t buffer = 0;
@@ -130,7 +127,7 @@ void unpack_codes(const uint8_t* in, int64_t n, int width, uint16_t* codes) {
 }
 
 void pack_code_groups(const uint32_t* codes, int64_t n, int width, uint8_t* out) {
-  pack_groups_of(width, codes, n / 8, out, std::make_integer_sequence<int, 16>{});
+  with_width(width, [&](auto w) { pack_groups<w()>(codes, n / 8, out); });
 }
 
 void BitWriter::put(uint64_t value, int bits) {
