@@ -90,10 +90,12 @@ at::Tensor end_to_end(const std::vector<at::Tensor>& parts) {
 }
 
 // Momentum correction, before the encode: u ← m·u + x becomes what is encoded. With
-// `masking` (selection codecs), returns what the worker residual will hold where nothing
-// is sent (residual + u), to find where something was (mask_momentum); else undefined.
+// `masking` (selection codecs) the velocity is zeroed where the encode sends something
+// (factor masking, mask_momentum): on the host the encoders report those positions into
+// `sent` (call.ctx.sent); on a device, where they do not, this returns what the worker
+// residual will hold where nothing is sent (residual + u), to find them by.
 at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key,
-                        bool masking) {
+                        bool masking, std::vector<int64_t>& sent) {
   const int64_t n = call.x.numel();
   if (!state.velocity.defined()) state.velocity = at::zeros({n}, call.x.options());
   TORCH_CHECK(state.velocity.numel() == n, "gradzip: the velocity of the tensor keyed '", key, "' has ",
@@ -105,76 +107,37 @@ at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momen
     return masking ? call.worker_residual + state.velocity : at::Tensor();
   }
   // On the host in one pass, rounded as mul_ then add_ round (no FMA: the build targets
-  // x86-64 without it), into a buffer kept from call to call: a fresh one costs a page
-  // fault per 4 KB (glibc maps blocks over 32 MB anew), as much as the pass itself.
+  // x86-64 without it).
   if (!state.velocity.is_contiguous()) state.velocity = state.velocity.contiguous();  // as loaded
   TORCH_INTERNAL_ASSERT(call.x.is_contiguous() && call.x.scalar_type() == at::kFloat &&
-                        state.velocity.scalar_type() == at::kFloat &&
-                        (!masking || (call.worker_residual.is_contiguous() && call.worker_residual.numel() == n)));
-  thread_local at::Tensor kept;
-  if (masking && (!kept.defined() || kept.numel() < n)) kept = at::empty({n}, call.x.options());
+                        state.velocity.scalar_type() == at::kFloat);
   float* u = state.velocity.data_ptr<float>();
   const float* x = call.x.data_ptr<float>();
   const float m = static_cast<float>(momentum);
-  if (masking) {
-    const float* residual = call.worker_residual.data_ptr<float>();
-    float* unsent = kept.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      u[i] = u[i] * m + x[i];
-      unsent[i] = residual[i] + u[i];
-    }
-  } else {
-    for (int64_t i = 0; i < n; ++i) u[i] = u[i] * m + x[i];
-  }
+  for (int64_t i = 0; i < n; ++i) u[i] = u[i] * m + x[i];
   call.x = state.velocity;
-  return masking ? kept.narrow(0, 0, n) : at::Tensor();
+  if (masking) call.ctx.sent = &sent;
+  return at::Tensor();
 }
 
-// Factor masking, after the encode: u is zeroed where the residual no longer holds
-// residual + u, i.e. where the encode sent something. On the host in one pass that
-// writes only those elements (no n-byte mask). A tensor of `pieces` (layer-aware; empty:
-// one codec, which selects) is masked only in the pieces whose codec selects: a piece
-// sent whole (a small one, exact) keeps u, as momentum SGD's buffer, where masking would
-// reset it every step and leave that parameter no momentum at all.
+// Factor masking, after the encode: u is zeroed where the encode sent something. On the
+// host at the positions the encoders reported: a tensor of pieces (layer-aware) reports
+// only from the pieces whose codec selects, so a piece sent whole (a small one, exact)
+// keeps u, as momentum SGD's buffer, where masking would reset it every step and leave
+// that parameter no momentum at all. On a device (one codec, which selects) where the
+// residual no longer holds residual + u (`unsent`).
 void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent,
-                   const std::vector<CodecPiece>& pieces) {
+                   const std::vector<int64_t>& sent) {
   if (!state.velocity.is_cpu()) {
-    TORCH_INTERNAL_ASSERT(pieces.empty(), "gradzip: layer-aware momentum masking runs on the host");
     state.velocity.masked_fill_(call.worker_residual.ne(unsent), 0.0);
     return;
   }
   float* u = state.velocity.data_ptr<float>();
-  const float* residual = call.worker_residual.data_ptr<float>();
-  const float* kept = unsent.data_ptr<float>();
-  const auto mask = [&](int64_t begin, int64_t end) {
-    int64_t i = begin;
-    for (; i + 16 <= end; i += 16) {
-      // Most blocks sent nothing: four vector compares each (SSE, x86-64's baseline; not
-      // equal or unordered, as != is), no branch per element.
-      int any = 0;
-      for (int j = 0; j < 16; j += 4) {
-        any |= _mm_movemask_ps(_mm_cmpneq_ps(_mm_loadu_ps(residual + i + j), _mm_loadu_ps(kept + i + j)));
-      }
-      if (!any) continue;
-      for (int j = 0; j < 16; ++j) {
-        if (residual[i + j] != kept[i + j]) u[i + j] = 0.0f;
-      }
-    }
-    for (; i < end; ++i) {
-      if (residual[i] != kept[i]) u[i] = 0.0f;
-    }
-  };
-  if (pieces.empty()) {
-    mask(0, unsent.numel());
-    return;
+  const int64_t n = state.velocity.numel();
+  for (const int64_t i : sent) {
+    TORCH_INTERNAL_ASSERT(i >= 0 && i < n, "gradzip: an encoder reported position ", i, " of ", n);
+    u[i] = 0.0f;
   }
-  int64_t offset = 0;
-  for (const auto& piece : pieces) {
-    if (piece.codec->selects()) mask(offset, offset + piece.numel);
-    offset += piece.numel;
-  }
-  TORCH_INTERNAL_ASSERT(offset == unsent.numel(), "gradzip: the pieces hold ", offset, " elements, the velocity ",
-                        unsent.numel());
 }
 
 // What an encode of `tensor` under `state` compresses: the input (into the velocity with
@@ -651,8 +614,11 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
+  const bool masking = momentum_ > 0 && how.codec->selects();
+  std::vector<int64_t> sent_positions;
   const at::Tensor unsent =
-      momentum_ > 0 ? add_momentum(state, call, momentum_, key, how.codec->selects()) : at::Tensor();
+      momentum_ > 0 ? add_momentum(state, call, momentum_, key, masking, sent_positions) : at::Tensor();
+  TORCH_INTERNAL_ASSERT(!unsent.defined() || how.pieces.empty(), "gradzip: layer-aware momentum masking runs on the host");
   lock.unlock();
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
@@ -662,7 +628,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
   const auto codec = how.pieces.empty() ? tensor_codec(how.codec, device) : piecewise_codec(how.pieces);
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
-  if (unsent.defined()) mask_momentum(state, call, unsent, how.pieces);
+  if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) sum.sign_();
   if (!in_place) tensor.copy_(sum.view(tensor.sizes()));
   stats.add(sent, sent, ring_allreduce_bytes(n * 4, ranks));
@@ -760,10 +726,12 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
     const int chunks = hierarchy ? hierarchy->levels.lane->getSize() : ranks;
     for (int c = 0; c < chunks; ++c) pieces.insert(pieces.end(), chunk.begin(), chunk.end());
   }
+  const bool masking = momentum_ > 0 && codec_->selects();
+  std::vector<int64_t> sent_positions;
   const at::Tensor unsent =
-      momentum_ > 0 ? add_momentum(state, call, momentum_, key, codec_->selects()) : at::Tensor();
-  TORCH_INTERNAL_ASSERT(!unsent.defined() || !hierarchy, "gradzip: momentum correction stays flat");
-  const std::vector<CodecPiece> masked_pieces = unsent.defined() ? pieces : std::vector<CodecPiece>();
+      momentum_ > 0 ? add_momentum(state, call, momentum_, key, masking, sent_positions) : at::Tensor();
+  TORCH_INTERNAL_ASSERT(momentum_ == 0 || !hierarchy, "gradzip: momentum correction stays flat");
+  TORCH_INTERNAL_ASSERT(!unsent.defined() || pieces.empty(), "gradzip: layer-aware momentum masking runs on the host");
   lock.unlock();
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
@@ -771,7 +739,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
   const auto tensor = pieces.empty() ? tensor_codec(codec, device) : piecewise_codec(std::move(pieces));
   const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)
                                  : compressed_reduce_scatter(*tensor, *codec, call, shard, transport);
-  if (unsent.defined()) mask_momentum(state, call, unsent, masked_pieces);
+  if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) shard.sign_();
   output.copy_(shard.view(output.sizes()));
   stats.add(sent, sent, (ranks - 1) * output.numel() * 4);

@@ -16,12 +16,17 @@ std::array<at::Tensor, static_cast<size_t>(Buffer::kCount)>& kept_buffers() {
 
 }  // namespace
 
-EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round) {
+EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin) {
   uint64_t z = ctx.seed + 0x9E3779B97F4A7C15ull * (2 * static_cast<uint64_t>(chunk) + phase + 1) +
                0xD1B54A32D192ED03ull * static_cast<uint64_t>(round);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return {z ^ (z >> 31), ctx.step, ctx.rank};
+  EncodeContext of_chunk{z ^ (z >> 31), ctx.step, ctx.rank};
+  if (phase == 0) {
+    of_chunk.sent = ctx.sent;
+    of_chunk.sent_offset = ctx.sent_offset + begin;
+  }
+  return of_chunk;
 }
 
 int64_t largest_chunk(int64_t n, int ranks) { return exchange_chunk(n, ranks, 0).length + (n % ranks != 0); }
@@ -99,7 +104,7 @@ PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const Excha
       const Chunk c = round_piece(n, ranks, j, rounds, s);
       const at::Tensor residual =
           call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
-      PartCodec(codec, c)->encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j, s),
+      PartCodec(codec, c)->encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j, s, c.begin),
                                   send.narrow(0, s * round_bytes + j * stride, stride));
     }
     flights.start_alltoall(send.narrow(0, s * round_bytes, round_bytes),

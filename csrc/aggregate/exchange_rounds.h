@@ -16,8 +16,10 @@ namespace gradzip {
 
 // A context of its own for each chunk, phase and round, so that random draws (random-k's
 // choice, QSGD's rounding) of different pieces are independent. Round 0 keeps the
-// context a one-round exchange always had.
-EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round = 0);
+// context a one-round exchange always had. Phase 0 encodes this rank's elements from
+// `begin` on: the positions it sends are reported (ctx.sent) at their place in the
+// whole; phase 1 re-encodes an owner's sum, which reports none.
+EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin);
 
 // The length of the longest two-phase chunk: ⌈n/ranks⌉.
 int64_t largest_chunk(int64_t n, int ranks);

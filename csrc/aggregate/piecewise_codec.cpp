@@ -42,15 +42,18 @@ class PiecewiseTensorCodec final : public TensorCodec {
     return std::make_unique<PiecewiseTensorCodec>(std::move(cut));
   }
 
-  // Piece i is encoded under piece_context(ctx, i).
+  // Piece i is encoded under piece_context(ctx, i), its sent positions reported at its
+  // place in the tensor.
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
               at::Tensor slot) const override {
     check_numel(x.numel());
     TORCH_CHECK(slot.numel() >= bytes_, "gradzip: a piecewise slot has ", bytes_, " bytes, got ", slot.numel());
     for (size_t i = 0; i < parts_.size(); ++i) {
       const Part& p = parts_[i];
+      EncodeContext of_piece = piece_context(ctx, i);
+      of_piece.sent_offset += p.offset;
       p.codec->encode(x.narrow(0, p.offset, p.numel),
-                      residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), piece_context(ctx, i),
+                      residual.defined() ? residual.narrow(0, p.offset, p.numel) : at::Tensor(), of_piece,
                       slot.narrow(0, p.slot_offset, p.slot_bytes));
     }
     slot.narrow(0, bytes_, slot.numel() - bytes_).zero_();  // a chunk's slot may be longer

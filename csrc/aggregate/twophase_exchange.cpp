@@ -46,7 +46,7 @@ class TwoPhaseExchange final : public Exchange {
           if (call.majority) part_sum.sign_();
           const at::Tensor residual =
               call.owner_residual.defined() ? call.owner_residual.narrow(0, part.begin, part.length) : at::Tensor();
-          part_codec->encode(part_sum, residual, chunk_context(call.ctx, 1, rank, s), slot);
+          part_codec->encode(part_sum, residual, chunk_context(call.ctx, 1, rank, s, owned.begin + part.begin), slot);
         } catch (const SlotError& e) {
           undecodable = e;
         } catch (const std::exception& e) {

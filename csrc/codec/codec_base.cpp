@@ -16,6 +16,12 @@ uint64_t seed_for_key(uint64_t seed, std::string_view key) {
   return z ^ (z >> 31);
 }
 
+void report_sent(const EncodeContext& ctx, const std::vector<int64_t>& chosen) {
+  if (ctx.sent == nullptr) return;
+  ctx.sent->reserve(ctx.sent->size() + chosen.size());
+  for (const int64_t i : chosen) ctx.sent->push_back(ctx.sent_offset + i);
+}
+
 void ValueCodec::encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
                         std::vector<uint8_t>& out) const {
   const size_t start = out.size();

@@ -123,6 +123,7 @@ class RandomKCodec final : public ValueCodec, public WithParameters<RandomKParam
     write_randomk_fields(w, n, layout);
     uint8_t* values = w.reserve(layout.values.bytes);
     for (int64_t j = 0; j < k; ++j) std::memcpy(values + 4 * j, u + chosen[j], 4);
+    report_sent(ctx, chosen);
   }
 
 };

@@ -38,7 +38,7 @@ class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
     return std::make_unique<Self>(denser);
   }
 
-  void encode(const float* x, int64_t n, float* residual, const EncodeContext&,
+  void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const final {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
@@ -52,6 +52,7 @@ class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
       select_topk(x, residual, n, k, chosen);
     }
     write(residual ? residual : x, n, chosen, out);
+    report_sent(ctx, chosen);
     if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
   }
 

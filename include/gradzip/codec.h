@@ -30,12 +30,22 @@ class PayloadError : public std::runtime_error {
 };
 
 // What makes a codec's random choices reproducible: random-k and QSGD draw their
-// numbers from (seed, step, rank, element) with a counter-based generator.
+// numbers from (seed, step, rank, element) with a counter-based generator. And where a
+// codec that selects reports what it chose.
 struct EncodeContext {
   uint64_t seed = 0;
   uint64_t step = 0;  // advanced by the caller after each encode of the same tensor
   uint32_t rank = 0;  // random-k ignores it: all ranks pick the same elements
+  // Non-null: a codec that selects (Codec::selects) appends the positions its payload
+  // carries, each plus `sent_offset`, ascending; other codecs append nothing. What the
+  // aggregation's momentum correction zeroes the velocity at, with no pass over the
+  // elements that were not sent.
+  std::vector<int64_t>* sent = nullptr;
+  int64_t sent_offset = 0;
 };
+
+// Appends `chosen` (ascending positions in the encoded elements) to ctx.sent, if asked.
+void report_sent(const EncodeContext& ctx, const std::vector<int64_t>& chosen);
 
 // The seed of the tensor named `key` under a spec's `seed`: a stable hash of the key
 // (FNV-1a) mixed into the seed (SplitMix64), so tensors of one step draw independent

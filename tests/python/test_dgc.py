@@ -112,6 +112,65 @@ def test_momentum_pieces_and_resume(spec):
         assert saved, "the velocity is not in the state"
 
 
+def masking_steps(rank, world, spec, layout, steps):
+    """Per call: the input, and the velocity and worker residual before and after it, each
+    the layout's pieces end to end (a tensor not yet seen: zeros)."""
+    import gradzip
+    from gradzip._transport import transport_of
+    dist.init_process_group("gloo")
+    transport = transport_of(None, torch.device("cpu"))
+    agg = gradzip._C.Aggregation(gradzip.Spec(spec))
+    n = sum(size for _, size in layout)
+
+    def joined(state, what):
+        parts = [state[f"{key}/{what}"] for key, _ in layout if f"{key}/{what}" in state]
+        return torch.cat(parts) if parts else torch.zeros(n)
+
+    records = []
+    for step in range(steps):
+        before = agg.state_dict()
+        x = inputs(rank, step, n)
+        agg.allreduce_pieces(x.clone(), layout, dist.ReduceOp.SUM, transport)
+        after = agg.state_dict()
+        records.append((x, joined(before, "velocity"), joined(before, "residual"), joined(after, "velocity"),
+                        joined(after, "residual")))
+    return records
+
+
+LAYOUT = [("w", 3000), ("bias", 100), ("v", 2011)]
+
+
+@pytest.mark.parametrize("spec, world, layout", [
+    ("topk:density=0.05,momentum=0.9,exchange=oneshot", 2, [("t", 5000)]),
+    ("topk:density=0.05,momentum=0.9,exchange=twophase,rounds=3", 3, [("t", 5000)]),
+    ("stc:density=0.02,momentum=0.9,layers=on,exchange=oneshot", 2, LAYOUT),
+    ("stc:density=0.02,momentum=0.9,layers=on,exchange=twophase,rounds=2", 3, LAYOUT),
+    ("stc:density=0.02,momentum=0.9", 3, LAYOUT),  # layers=adapt: each piece at its own density
+    ("randomk:density=0.1,momentum=0.5,ef=1,seed=4,exchange=twophase,rounds=2", 2, LAYOUT),
+])
+def test_the_velocity_is_zeroed_exactly_where_the_encode_sent(spec, world, layout):
+    """Factor masking, whatever cuts the tensor (two-phase's chunks and rounds, the pieces
+    of a layer-aware spec): after each call the velocity m·u + x is 0 exactly where the
+    worker residual no longer holds residual + m·u + x, and kept elsewhere; a piece under
+    1024 elements (sent exact, layer-aware) keeps its velocity whole."""
+    momentum = 0.5 if spec.startswith("randomk") else 0.9
+    layer_aware = "layers=off" not in spec
+    small = torch.zeros(sum(size for _, size in layout), dtype=torch.bool)
+    offset = 0
+    for _, size in layout:
+        small[offset:offset + size] = layer_aware and size < 1024
+        offset += size
+    masked_somewhere = False
+    for rank, records in enumerate(run_ranks(masking_steps, world, spec, layout, 4)):
+        for step, (x, u0, r0, u1, r1) in enumerate(records):
+            u = u0 * momentum + x
+            sent = (r1 != r0 + u) & ~small
+            expected = torch.where(sent, torch.zeros_like(u), u)
+            assert torch.equal(u1, expected), (rank, step, (u1 != expected).nonzero().flatten()[:10].tolist())
+            masked_somewhere |= bool(sent.any())
+    assert masked_somewhere
+
+
 def hook_training(rank, world, spec, momentum, fold):
     """Five SGD steps of a small DDP model under the gradzip hook on a Gloo group: the
     optimizer's momentum given to State (fold) or not; the parameters and the hook's spec."""
