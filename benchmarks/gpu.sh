@@ -31,7 +31,8 @@
 # Every stage is self-contained after a build in the same command (nothing but build/ is
 # reused), so a fresh machine needs the build stage in the same command. A failing step
 # does not stop the later ones; the summary (also in DIR/summary.txt) names every step
-# that failed or did not run, and the exit status is 1 if any did. Only a failed build
+# that failed or did not run (the deadline; a compute-sanitizer missing or not supporting
+# the GPU), and the exit status is 1 if any did. Only a failed build
 # stops the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -78,6 +79,9 @@ exec > >(tee "$out/gpu.log") 2>&1
 
 failed=()
 not_run=()
+# The exit status of a step that found this machine cannot run it (a tool that does not
+# support the GPU): recorded as not run, not as failed.
+cannot_run=77
 # Seconds a step may take: what is left before the deadline, less 10 s for the summary.
 time_left() {
   if [ -z "$deadline" ]; then echo 86400; else echo $((deadline - (SECONDS - started) - 10)); fi
@@ -97,6 +101,8 @@ step() {
   rc=$?
   if [ $rc = 0 ]; then
     echo "=== gpu.sh: $name: ok ($((SECONDS - begun)) s)"
+  elif [ $rc = $cannot_run ]; then
+    echo "=== gpu.sh: $name: NOT RUN (this machine cannot run it)"; not_run+=("$name")
   else
     [ $rc = 124 ] && echo "=== gpu.sh: $name: timed out after $((SECONDS - begun)) s"
     echo "=== gpu.sh: $name: FAILED (exit $rc)"; failed+=("$name")
@@ -115,8 +121,10 @@ finish() {
   exit $?
 }
 
-# nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them.
+# nvcc and compute-sanitizer where the CUDA toolkit puts them, when PATH lacks them
+# (each on its own: an nvcc found elsewhere does not bring compute-sanitizer).
 command -v nvcc >/dev/null || export PATH=/usr/local/cuda/bin:$PATH
+command -v compute-sanitizer >/dev/null || export PATH=$PATH:/usr/local/cuda/bin
 if [ -n "$given_python" ]; then
   PYTHON=$given_python
   [ -x "$PYTHON" ] || { echo "gpu.sh: --python $PYTHON is not an executable"; exit 2; }
@@ -206,11 +214,13 @@ if wanted kernels; then
 fi
 
 # The chosen GPU GoogleTests under each chosen compute-sanitizer tool (sizes up to 100003,
-# the slowed-down kernels' budget); any report fails the step.
+# the slowed-down kernels' budget); any report fails the step. A compute-sanitizer that
+# is missing, or that does not support this GPU ("Device not supported", as on one H200
+# machine type), leaves the step not run.
 if wanted sanitize; then
   for tool in ${sanitize_tools//,/ }; do
-    step "compute-sanitizer $tool" sh -c 'env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$1" --error-exitcode 1 ./build/gradzip_tests --gtest_filter="$2" >"$0" 2>&1; rc=$?; grep -E "=========|FAILED" "$0" | head -n 60; tail -n 3 "$0"; exit $rc' \
-      "$out/sanitize_$tool.log" "$tool" "$sanitize_filter"
+    step "compute-sanitizer $tool" sh -c 'command -v compute-sanitizer >/dev/null || { echo "gpu.sh: no compute-sanitizer on PATH"; exit $3; }; env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$1" --error-exitcode 1 ./build/gradzip_tests --gtest_filter="$2" >"$0" 2>&1; rc=$?; grep -E "=========|FAILED" "$0" | head -n 60; tail -n 3 "$0"; [ $rc != 0 ] && grep -qi "device not supported" "$0" && exit $3; exit $rc' \
+      "$out/sanitize_$tool.log" "$tool" "$sanitize_filter" "$cannot_run"
   done
 fi
 

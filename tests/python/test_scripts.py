@@ -140,6 +140,26 @@ def test_gpu_script_stops_starting_steps_at_its_deadline(tmp_path):
     assert "memcheck" not in out.replace("sanitize-tools", ""), out
 
 
+def test_gpu_script_names_a_sanitizer_the_gpu_does_not_support_as_not_run(tmp_path):
+    # compute-sanitizer answers "Device not supported" on some GPU machine types: those
+    # steps are not run, not failed, and a tool that reports errors still fails.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    sanitizer = ('#!/bin/bash\n[[ "$*" == *memcheck* ]] && { echo "========= Error: Device not supported"; exit 1; }\n'
+                 'echo "========= ERROR SUMMARY: 1 error"; exit 1\n')
+    for name, text in {"python": FAKE_PYTHON, "compute-sanitizer": sanitizer}.items():
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = dict(os.environ, GRADZIP_VENV=str(tmp_path), PATH=f"{bin_dir}:{os.environ['PATH']}")
+    done = subprocess.run(["bash", str(ROOT / "benchmarks/gpu.sh"), "--out", str(tmp_path / "out"), "--only", "sanitize",
+                           "--sanitize-tools", "memcheck,racecheck"],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
+    out = done.stdout + done.stderr
+    assert done.returncode == 1, out
+    assert "gpu.sh: NOT RUN: compute-sanitizer memcheck" in out, out
+    assert "gpu.sh: FAILED: compute-sanitizer racecheck" in out, out
+
+
 def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
     # The path for a GPU machine without network: --python puts that Python's directory
     # (its ctest, cmake, ninja) first on PATH, and --debs unpacks the packages into a
