@@ -13,8 +13,10 @@ the prediction does not reach) and corrects every element outside the bound. Row
   so its "x alone" is the cost of the bound check.
 - compress_model rows: the codec in the model container (names, shapes, the tensors below
   param_cutoff stored exactly, a CRC-32 of the whole), with and without zstd after it.
-- zfpy (PyPI; APPFL's ZFP) when importable, and gradzip `sz`, at the same REL bounds
-  (bound × the tensor's max − min).
+- zfpy (PyPI; APPFL's ZFP) and SZ3 (PyPI's pysz, SZ3's own Python binding, in its
+  absolute-error mode at the same tolerances) when importable, and gradzip `sz`, at the
+  same REL bounds (bound × the tensor's max − min). SZ3's largest error over its bound is
+  checked on the first call.
 
 One thread; the methods take turns within each of --repetitions repetitions. MB/s: the
 state dict's fp32 bytes over a method's fastest call. "x alone": the median, over
@@ -131,8 +133,19 @@ def main():
         import zfpy
     except ImportError:
         zfpy = None
+    try:
+        from pysz import sz as sz3, szConfig, szErrorBoundMode
+    except ImportError:
+        sz3 = None
     print(f"state dict: {mb:.1f} MB, {len(state)} tensors ({len(tensors)} of {CUTOFF} elements or more); "
-          f"one thread; {repetitions} repetitions" + ("" if zfpy else "; zfpy not installed"))
+          f"one thread; {repetitions} repetitions" + ("" if zfpy else "; zfpy not installed") +
+          ("" if sz3 else "; pysz (SZ3) not installed"))
+
+    def sz3_compress(values: np.ndarray, tolerance: float) -> np.ndarray:
+        config = szConfig()
+        config.errorBoundMode = szErrorBoundMode.ABS
+        config.absErrorBound = tolerance
+        return sz3.compress(values, config)[0]
     header = f"{'method':<34} | {'bound':>6} | {'ratio':>6} | {'comp MB/s':>9} | {'dec MB/s':>8} | {'x alone':>7}"
     print(header)
     print("-" * len(header))
@@ -175,6 +188,16 @@ def main():
             compress["zfpy (APPFL's ZFP), no check"] = lambda: [zfpy.compress_numpy(t, tolerance=tol)
                                                                  for t, tol in zip(tensors, tolerances)]
             decompress["zfpy (APPFL's ZFP), no check"] = lambda: [zfpy.decompress_numpy(s) for s in streams]
+        if sz3 is not None:
+            sz3_streams = [sz3_compress(t, tol) for t, tol in zip(tensors, tolerances)]
+            errors = [(float(np.abs(sz3.decompress(s, np.float32, t.shape)[0] - t).max()), tol)
+                      for s, t, tol in zip(sz3_streams, tensors, tolerances)]
+            # A constant tensor's bound is 0: any error there is infinitely over it.
+            worst = max(e / tol if tol > 0 else (0.0 if e == 0 else float("inf")) for e, tol in errors)
+            name = f"SZ3 (pysz), err/bound {worst:.3f}"
+            payloads[name] = b"x" * (untouched + sum(s.nbytes for s in sz3_streams))
+            compress[name] = lambda: [sz3_compress(t, tol) for t, tol in zip(tensors, tolerances)]
+            decompress[name] = lambda: [sz3.decompress(s, np.float32, t.shape)[0] for s, t in zip(sz3_streams, tensors)]
         compress_s = timed_turns(compress, repetitions)
         decompress_s = timed_turns(decompress, repetitions)
         alone = compress_s["libzfp alone"]
