@@ -2,7 +2,6 @@
 
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
-#include <immintrin.h>
 
 #include <algorithm>
 #include <cmath>
