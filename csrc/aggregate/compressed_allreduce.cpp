@@ -139,13 +139,17 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
   }
 }
 
-// What an encode of `tensor` under `state` compresses: the input (into the velocity with
-// momentum correction) plus the worker residual; float32, flat.
-at::Tensor encoded_input(const at::Tensor& tensor, const CompressedState& state, double momentum) {
-  at::Tensor encoded = tensor.detach().reshape({-1}).to(at::kFloat);
-  if (state.velocity.defined()) encoded = state.velocity * momentum + encoded;
-  if (state.residual.defined()) encoded = encoded + state.residual;
-  return encoded;
+// What a choice of levels measures the levels' errors on (layers=adapt): what this call
+// adds to the tensor's encoded input, `tensor` (into the velocity with momentum
+// correction), float32, flat; not the residual. The residual depends on the level chosen
+// last: a layer given more density drains it, would look easy at the next choice and be
+// given less, then refill. Measured with the residual, the choice swings between the two
+// every adapt_every calls (on docs/results.md's MLP, the classifier's weight between ×8
+// and ×1 the spec's density, the accuracy dipping 2–5 points while it is ×1).
+at::Tensor level_input(const at::Tensor& tensor, const CompressedState& state, double momentum) {
+  at::Tensor input = tensor.detach().reshape({-1}).to(at::kFloat);
+  if (state.velocity.defined()) input = state.velocity * momentum + input;
+  return input;
 }
 
 // The spec's `layers`, auto resolved: adapt for the codecs with levels (top-k, random-k,
@@ -560,7 +564,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   if (adapts(tensors.front(), how.codec, whole.calls)) {
     const EncodeContext ctx{seed_for_key(seed_, pieces.front().key + ":levels"), whole.step,
                             static_cast<uint32_t>(transport->getRank())};
-    agree_on_levels(encoded_input(tensors.front(), whole, momentum_), pieces, 1, transport, ctx, stats, lock);
+    agree_on_levels(level_input(tensors.front(), whole, momentum_), pieces, 1, transport, ctx, stats, lock);
   }
   if (by_layers(tensors.front())) how.pieces = codec_pieces(how.codec, pieces);
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
@@ -712,7 +716,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
   if (by_pieces && adapts(input, codec, state.calls)) {
     const EncodeContext ctx{seed_for_key(seed_, key + ":levels"), state.step,
                             static_cast<uint32_t>(transport->getRank())};
-    agree_on_levels(encoded_input(call.x, state, momentum_), layout, ranks, transport, ctx, stats, lock);
+    agree_on_levels(level_input(call.x, state, momentum_), layout, ranks, transport, ctx, stats, lock);
   }
   take_step(state, key, key, opts.reduceOp.op_, *transport, call);
   call.transport_device = input.device();

@@ -134,8 +134,8 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // so far `calls`, chooses the pieces' levels again (layers=adapt): its first compressed
   // call after the density warm-up, then every adapt_every calls.
   bool adapts(const at::Tensor& tensor, const std::shared_ptr<const Codec>& codec, int64_t calls) const;
-  // The pieces' levels for what this call encodes, `encoded` (`repeats` times the pieces
-  // end to end: each piece's input with its momentum and residual; a reduce-scatter's P
+  // The pieces' levels for what this call adds, `encoded` (`repeats` times the pieces end
+  // to end: each piece's input with its momentum, level_input; a reduce-scatter's P
   // chunks), agreed by every rank of `transport` (layer_budget.h), each piece's error
   // summed over the repeats; the error tables' bytes added to `stats`; empty when some
   // rank's errors are not finite (the levels stay as they were). Communicates: mutex_

@@ -4,14 +4,16 @@
 // it compresses well gets less, and the bucket sends no more bytes than with the spec's
 // level everywhere. The levels of a codec are the codec at densities ×1/8 .. ×8 of the
 // spec's in steps of √2 (top-k, random-k, STC; at most 1), or with levels + 1 scaled by
-// 1/8 .. 8 in steps of 2 (QSGD: 3 bits fewer .. 3 more; 1 level at the least). The error of a level on a layer is the squared distance between what
-// the layer would encode and its decoded payload, summed over the ranks in rank order,
-// so every rank solves the same problem with the same numbers and chooses the same
-// levels. The choice is a multiple-choice knapsack, solved by dynamic programming over
-// the budget in kBudgetBins steps (each level's bytes rounded up, so the choice never
-// exceeds the budget), and kept only where it beats the spec's level everywhere. The
-// spec's `budget` key sets the bytes instead (a fraction of the fp32 bytes): researchers
-// compare codecs at one budget that way.
+// 1/8 .. 8 in steps of 2 (QSGD: 3 bits fewer .. 3 more; 1 level at the least). The error
+// of a level on a layer is the squared distance between what the call adds to the
+// layer's input (not its residual, which depends on the level chosen last) and its
+// decoded payload, summed over the ranks in rank order, so every rank solves the same
+// problem with the same numbers and chooses the same levels. The choice is a
+// multiple-choice knapsack, solved by dynamic programming over the budget in kBudgetBins
+// steps (each level's bytes rounded up, so the choice never exceeds the budget), and kept
+// only where it beats the spec's level everywhere. The spec's `budget` key sets the bytes
+// instead (a fraction of the fp32 bytes): researchers compare codecs at one budget that
+// way.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -213,6 +213,50 @@ def test_per_parameter_compression_resumes_bit_exactly(spec):
     assert run_ranks(adapt_resume, 2, spec) == [True, True]
 
 
+def levels_after_a_residual(rank, world, spec, added):
+    """The levels a choice (every call: adapt_every=1) makes on the third iteration of the
+    three-layer model (the first is exact, the second compressed), after `added` times a
+    random tensor is added to the middle weight's residual through the hook's state_dict;
+    and the gradients that iteration returns."""
+    import gradzip
+    dist.init_process_group("gloo")
+    net = three_layers()
+    ddp = DDP(net)
+    state = gradzip.hooks.State(spec, model=ddp)
+    ddp.register_comm_hook(state, gradzip.hooks.hook)
+
+    def step(s):
+        x = torch.randn(16, 64, generator=torch.Generator().manual_seed(100 * s + rank))
+        ddp.zero_grad()
+        ddp(x).pow(2).sum().backward()
+
+    step(0)
+    step(1)
+    saved = state.state_dict()
+    residual = saved["state"]["2.weight/residual"]
+    saved["state"]["2.weight/residual"] = residual + added * torch.randn(
+        residual.shape, generator=torch.Generator().manual_seed(5 + rank))
+    state.load_state_dict(saved)
+    step(2)
+    levels = {k[:-len("/level")]: int(v) for k, v in state.state_dict()["state"].items() if k.endswith("/level")}
+    return levels, {name: p.grad.detach().clone() for name, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.01,adapt_every=1", "stc:density=0.01,adapt_every=1"])
+def test_the_levels_are_chosen_on_what_the_call_adds_not_on_the_residual(spec):
+    """A residual that grew under the last choice's levels does not move the next one: a
+    layer given more density drains its residual and would look easy, then refill and look
+    hard, and the choice would swing between the two (docs/spec.md, "Adaptive")."""
+    world = 2
+    plain = run_ranks(levels_after_a_residual, world, spec, 0.0)
+    grown = run_ranks(levels_after_a_residual, world, spec, 1.0)
+    for rank in range(world):
+        assert plain[rank][0] == grown[rank][0] and plain[rank][0], (plain[rank][0], grown[rank][0])
+        assert plain[rank][0] == plain[0][0]
+    # The grown residual was sent: the middle weight's result differs.
+    assert not torch.equal(plain[0][1]["2.weight"], grown[0][1]["2.weight"])
+
+
 def test_by_default_codecs_with_levels_adapt_and_sign_goes_per_parameter():
     """layers=auto (the default): a bare `stc:density=0.01` at the hook with the model
     chooses levels as layers=adapt does, bit for bit; sign compresses per parameter."""
