@@ -140,12 +140,8 @@ void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::T
 }
 
 // What a choice of levels measures the levels' errors on (layers=adapt): what this call
-// adds to the tensor's encoded input, `tensor` (into the velocity with momentum
-// correction), float32, flat; not the residual. The residual depends on the level chosen
-// last: a layer given more density drains it, would look easy at the next choice and be
-// given less, then refill. Measured with the residual, the choice swings between the two
-// every adapt_every calls (on docs/results.md's MLP, the classifier's weight between ×8
-// and ×1 the spec's density, the accuracy dipping 2–5 points while it is ×1).
+// adds to the tensor's encoded input (into the velocity with momentum correction),
+// float32, flat; not the residual, which follows the level chosen last (layer_budget.h).
 at::Tensor level_input(const at::Tensor& tensor, const CompressedState& state, double momentum) {
   at::Tensor input = tensor.detach().reshape({-1}).to(at::kFloat);
   if (state.velocity.defined()) input = state.velocity * momentum + input;

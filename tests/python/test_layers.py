@@ -145,6 +145,11 @@ def three_layers():
     return net
 
 
+def chosen_levels(state):
+    """Each parameter's level (layers=adapt) in a hook state's state_dict, by name."""
+    return {k[:-len("/level")]: int(v) for k, v in state.state_dict()["state"].items() if k.endswith("/level")}
+
+
 def adapt_step(rank, world, spec):
     """One exact and one compressed iteration of the three-layer model: the compressed
     result, the exact average of the ranks' gradients, the levels, the stats."""
@@ -165,7 +170,7 @@ def adapt_step(rank, world, spec):
     everyone = [None] * world
     dist.all_gather_object(everyone, mine)
     exact = {name: sum(g[name].double() for g in everyone) / world for name in mine}
-    levels = {k[:-len("/level")]: int(v) for k, v in state.state_dict()["state"].items() if k.endswith("/level")}
+    levels = chosen_levels(state)
     return got, exact, levels, state.stats()
 
 
@@ -238,7 +243,7 @@ def levels_after_a_residual(rank, world, spec, added):
         residual.shape, generator=torch.Generator().manual_seed(5 + rank))
     state.load_state_dict(saved)
     step(2)
-    levels = {k[:-len("/level")]: int(v) for k, v in state.state_dict()["state"].items() if k.endswith("/level")}
+    levels = chosen_levels(state)
     return levels, {name: p.grad.detach().clone() for name, p in net.named_parameters()}
 
 
