@@ -51,9 +51,14 @@ PositionLayout position_layout(uint64_t at, const PositionCoding& coding);
 // Reads and checks the position header of k positions among n and takes their section.
 // Throws PayloadError.
 PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k);
-// Decodes the k positions of a checked layout into `indices` (ascending, below n, k of
-// them, every byte used); `r` names the payload in errors. Throws PayloadError.
-void read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n,
-                    std::vector<int64_t>& indices);
+// Decodes the k positions of a checked layout (ascending, below n, k of them, every byte
+// used); `r` names the payload in errors. Throws PayloadError. They lie in a buffer of the
+// calling thread, valid until its next read_positions and kept from call to call, so that
+// a decode neither allocates nor faults in fresh pages (one of more than kKeptPositions
+// is freed at the thread's next call).
+const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n);
+constexpr uint64_t kKeptPositions = uint64_t{1} << 22;  // 32 MiB per thread
+// Positions per chunk where a decoder computes the values it adds before scattering them.
+constexpr uint64_t kScatterChunk = 1024;
 
 }  // namespace gradzip

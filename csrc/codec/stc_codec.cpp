@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "codec/element_math.cuh"
@@ -51,10 +52,17 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
     const uint64_t k = layout.k;
     const float mu = layout.mu;
     const uint8_t* signs = r.at(layout.signs);
-    std::vector<int64_t> indices;
-    read_positions(r, layout.positions, k, n, indices);
-    const float plus = scale * mu, minus = scale * -mu;
-    for (uint64_t j = 0; j < k; ++j) out[indices[j]] += ((signs[j / 8] >> (j % 8)) & 1) ? plus : minus;
+    const int64_t* indices = read_positions(r, layout.positions, k, n);
+    // The values of a chunk first, then its scattered adds: a loop of adds alone keeps the
+    // most cache misses in flight (and a branch on random signs would mispredict half the
+    // time). At 25M elements, 1%: 6.6 against 11.8 ns per entry (ad-hoc loop).
+    const float by_bit[2] = {scale * -mu, scale * mu};
+    float values[kScatterChunk];
+    for (uint64_t start = 0; start < k; start += kScatterChunk) {
+      const uint64_t count = std::min(kScatterChunk, k - start);
+      for (uint64_t j = 0; j < count; ++j) values[j] = by_bit[(signs[(start + j) / 8] >> ((start + j) % 8)) & 1];
+      for (uint64_t j = 0; j < count; ++j) out[indices[start + j]] += values[j];
+    }
   }
 
  protected:
@@ -68,8 +76,20 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
   void write(const float* u, int64_t n, const std::vector<int64_t>& chosen,
              std::vector<uint8_t>& out) const override {
     const int64_t k = static_cast<int64_t>(chosen.size());
+    // One gather of the chosen values, a chunk at a time (as decode_add scatters), for
+    // both their mean and their signs.
     std::vector<double> lanes(math::kStcMeanLanes, 0.0);  // the order the GPU encoder follows too
-    for (int64_t j = 0; j < k; ++j) lanes[j % math::kStcMeanLanes] += std::fabs(static_cast<double>(u[chosen[j]]));
+    std::vector<uint8_t> sign_bits(wire::bytes_for_bits(static_cast<uint64_t>(k)), 0);
+    float values[kScatterChunk];
+    for (int64_t start = 0; start < k; start += static_cast<int64_t>(kScatterChunk)) {
+      const int64_t count = std::min(static_cast<int64_t>(kScatterChunk), k - start);
+      for (int64_t j = 0; j < count; ++j) values[j] = u[chosen[start + j]];
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t at = start + j;
+        lanes[at % math::kStcMeanLanes] += std::fabs(static_cast<double>(values[j]));
+        sign_bits[at / 8] |= static_cast<uint8_t>(math::nonnegative_bit(values[j]) << (at % 8));
+      }
+    }
     double magnitude_sum = 0.0;
     for (double lane : lanes) magnitude_sum += lane;
     const float mu = k ? static_cast<float>(magnitude_sum / static_cast<double>(k)) : 0.0f;
@@ -79,8 +99,7 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
     wire::Writer w(out);
     write_stc_fields(w, n, layout);
     w.put_bytes(positions.bytes);
-    uint8_t* signs = w.reserve(layout.signs.bytes);
-    for (int64_t j = 0; j < k; ++j) signs[j / 8] |= static_cast<uint8_t>(math::nonnegative_bit(u[chosen[j]]) << (j % 8));
+    w.put_bytes(sign_bits);
   }
 };
 

@@ -81,12 +81,16 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
     const TopKLayout layout = read_topk_layout(r, n);
     const uint8_t* values = r.at(layout.values);
     if (layout.value_type != ValueType::kFp32) {
-      std::vector<int64_t> indices;
-      read_positions(r, layout.positions, layout.k, n, indices);  // checked before anything is written
-      for (uint64_t j = 0; j < layout.k; ++j) {
-        uint16_t v;
-        std::memcpy(&v, values + 2 * j, 2);
-        out[indices[j]] += scale * from_wire(layout.value_type, v);
+      const int64_t* indices = read_positions(r, layout.positions, layout.k, n);  // checked before anything is written
+      float chunk[kScatterChunk];  // widened first, then added: see stc's decode_add
+      for (uint64_t start = 0; start < layout.k; start += kScatterChunk) {
+        const uint64_t count = std::min(kScatterChunk, layout.k - start);
+        for (uint64_t j = 0; j < count; ++j) {
+          uint16_t v;
+          std::memcpy(&v, values + 2 * (start + j), 2);
+          chunk[j] = scale * from_wire(layout.value_type, v);
+        }
+        for (uint64_t j = 0; j < count; ++j) out[indices[start + j]] += chunk[j];
       }
       return;
     }
