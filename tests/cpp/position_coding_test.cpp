@@ -85,7 +85,8 @@ std::vector<int64_t> random_positions(std::mt19937_64& rng, int64_t n, int64_t k
   return {chosen.begin(), chosen.end()};
 }
 
-// (n, k): Golomb parameters from 0 (half the elements) to the largest, 40 (k = 1 among 2^44).
+// (n, k): a bitmap (half the elements), and Golomb parameters 1, 6, 9 and the largest, 40
+// (k = 1 or 5 among 2^44).
 const std::vector<std::pair<int64_t, int64_t>> kSizes = {
     {64, 32}, {1000, 300}, {4099, 41}, {100003, 1000}, {100003, 100}, {1 << 20, 1049}, {int64_t{1} << 44, 1}, {int64_t{1} << 44, 5}};
 
