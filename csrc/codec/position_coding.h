@@ -58,7 +58,8 @@ PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k);
 // is freed at the thread's next call).
 const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n);
 constexpr uint64_t kKeptPositions = uint64_t{1} << 22;  // 32 MiB per thread
-// Positions per chunk where a decoder computes the values it adds before scattering them.
+// Positions per chunk where a codec moves values to or from scattered positions in a loop
+// of its own (STC's gather of the chosen values; the decoders' scattered adds).
 constexpr uint64_t kScatterChunk = 1024;
 
 }  // namespace gradzip
