@@ -391,6 +391,7 @@ void GradzipBackend::shutdown() {
   if (receives_) receives_->stop("gradzip: the process group was shut down while this recv waited");
   cpu_->shutdown();
   if (cuda_) cuda_->shutdown();
+  if (receives_) receives_->join(options_->timeout);
 }
 
 void GradzipBackend::abort() {
@@ -400,6 +401,7 @@ void GradzipBackend::abort() {
   if (receives_) receives_->stop("gradzip: the process group was aborted (abort() was called) while this recv waited");
   cpu_->abort();
   if (cuda_) cuda_->abort();
+  if (receives_) receives_->join(options_->timeout);
 }
 
 }  // namespace gradzip

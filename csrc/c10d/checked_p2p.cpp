@@ -313,6 +313,7 @@ void CheckedReceives::enqueue(const LaneKey& key, Step step) {
     --idle_;
     wake_.notify_one();
   } else {
+    ++threads_;
     std::thread([self = shared_from_this()] { self->serve(); }).detach();
   }
 }
@@ -328,13 +329,15 @@ void CheckedReceives::serve() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
     wake_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
-    if (ready_.empty()) return;
+    if (ready_.empty()) break;
     const LaneKey key = ready_.front();
     ready_.pop_front();
     run_lane(lock, key);
-    if (stopping_ && ready_.empty()) return;
+    if (stopping_ && ready_.empty()) break;
     ++idle_;
   }
+  --threads_;
+  ended_.notify_all();
 }
 
 void CheckedReceives::run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key) {
@@ -380,6 +383,11 @@ void CheckedReceives::stop(const std::string& reason) {
   wake_.notify_all();
   for (const auto& work : posted) abort_quietly(*work);
   for (const auto& finish_one : done) finish_one();
+}
+
+bool CheckedReceives::join(std::chrono::milliseconds within) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return ended_.wait_for(lock, within, [this] { return threads_ == 0; });
 }
 
 }  // namespace gradzip

@@ -72,6 +72,14 @@ class CheckedReceives : public std::enable_shared_from_this<CheckedReceives> {
   // Fails every receive not yet complete (`reason`) and lets the threads go: they end
   // once their transport works return (aborted where the transport can abort them).
   void stop(const std::string& reason);
+  // After stop(): waits until every thread has ended, having let go of every tensor and
+  // work it held, at most `within` (a thread still waiting for a work that its transport
+  // could not abort ends when that transport shuts down). False when some did not end.
+  // The backend's shutdown() and abort() call it once their transports are shut down,
+  // so that no thread lets go of an application's tensor later, when the interpreter
+  // may be exiting (a thread that then takes the GIL to free it is ended by Python
+  // mid-destructor, which aborts the process).
+  bool join(std::chrono::milliseconds within);
 
  private:
   struct Receive;
@@ -120,6 +128,8 @@ class CheckedReceives : public std::enable_shared_from_this<CheckedReceives> {
   std::map<int, std::map<int, std::exception_ptr>> broken_;  // tag -> source -> why its stream is out of step
   std::deque<LaneKey> ready_;                                // lanes waiting for a thread
   int idle_ = 0;  // threads waiting for a lane, less the lanes in ready_ promised to them
+  int threads_ = 0;  // threads started and not yet ended
+  std::condition_variable ended_;  // notified when a thread ends
   bool stopping_ = false;
   std::string stop_reason_;
 };

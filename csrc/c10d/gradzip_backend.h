@@ -117,6 +117,10 @@ class GradzipBackend final : public Backend {
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
   uint64_t getSequenceNumberForGroup() override;
 
+  // Idempotent. shutdown() lets queued all-reduces finish, abort() fails them; both fail
+  // the receives not yet complete, shut the transports down, and return once the
+  // receive threads have ended (at most the group's timeout): a thread let go of an
+  // application's tensor after the interpreter began to exit would abort the process.
   void shutdown() override;
   void abort() override;
 
