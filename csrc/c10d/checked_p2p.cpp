@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "transport/tag_space.h"
+#include "work/exit_gate.h"
 #include "work/future_work.h"
 
 namespace gradzip {
@@ -314,7 +315,9 @@ void CheckedReceives::enqueue(const LaneKey& key, Step step) {
     wake_.notify_one();
   } else {
     ++threads_;
-    std::thread([self = shared_from_this()] { self->serve(); }).detach();
+    std::thread([self = shared_from_this()]() mutable {
+      if (!self->serve()) exit_gate::keep(std::move(self));  // the interpreter is exiting: the lanes stay
+    }).detach();
   }
 }
 
@@ -325,25 +328,27 @@ std::exception_ptr CheckedReceives::broken(int src, int tag) const {
   return from == found->second.end() ? nullptr : from->second;
 }
 
-void CheckedReceives::serve() {
+bool CheckedReceives::serve() {
   std::unique_lock<std::mutex> lock(mutex_);
-  while (true) {
+  bool open = true;
+  while (open) {
     wake_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
     if (ready_.empty()) break;
     const LaneKey key = ready_.front();
     ready_.pop_front();
-    run_lane(lock, key);
+    open = run_lane(lock, key);
     if (stopping_ && ready_.empty()) break;
     ++idle_;
   }
   --threads_;
   ended_.notify_all();
+  return open;
 }
 
-void CheckedReceives::run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key) {
+bool CheckedReceives::run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key) {
   Lane& lane = lanes_[key];
   while (!lane.steps.empty()) {
-    const Step step = lane.steps.front();  // stays queued while in flight: stop() aborts it there
+    Step step = lane.steps.front();  // stays queued while in flight: stop() aborts it there
     lock.unlock();
     std::exception_ptr failure;
     bool finished = false;
@@ -356,11 +361,19 @@ void CheckedReceives::run_lane(std::unique_lock<std::mutex>& lock, const LaneKey
       std::lock_guard<std::mutex> relock(mutex_);
       failure = error(stop_reason_.empty() ? "gradzip: a receive was aborted" : stop_reason_);
     }
+    const exit_gate::Pass pass = exit_gate::enter();
+    if (!pass) {  // the interpreter is exiting: what the lane holds stays as it is
+      exit_gate::keep(std::make_shared<Step>(std::move(step)));
+      lock.lock();
+      return false;
+    }
     step.then(*step.work, failure);
+    step = Step();
     lock.lock();
     lane.steps.pop_front();
   }
   lanes_.erase(key);
+  return true;
 }
 
 void CheckedReceives::stop(const std::string& reason) {

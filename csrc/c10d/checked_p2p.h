@@ -17,7 +17,8 @@
 // there. So the transport's works are waited for by a small pool of threads, one lane
 // of works each: the header receives from one source (or any) on one tag, and the data
 // receives from one source on one tag, each lane in posting order. A receive completes
-// when its data is in, whether or not anybody waits.
+// when its data is in, whether or not anybody waits. A thread completes a receive and
+// lets go of a finished work under a pass of the exit gate (work/exit_gate.h).
 //
 // Matching: headers that arrive are given, in arrival order, to the earliest receive
 // made on that tag that accepts their source (named, or any), as MPI matches messages;
@@ -116,8 +117,10 @@ class CheckedReceives : public std::enable_shared_from_this<CheckedReceives> {
   void enqueue(const LaneKey& key, Step step);
   std::exception_ptr broken(int src, int tag) const;
   // The threads' side:
-  void serve();
-  void run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key);
+  // Both false when the exit gate refused a pass (work/exit_gate.h): the interpreter is
+  // exiting, the lane's steps are kept, and the thread ends.
+  bool serve();
+  bool run_lane(std::unique_lock<std::mutex>& lock, const LaneKey& key);
   static void finish(const std::shared_ptr<Receive>& receive, std::exception_ptr error);
 
   std::mutex mutex_;

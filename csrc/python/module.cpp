@@ -7,6 +7,7 @@
 #include "python/build_info.h"
 #include "python/bindings.h"
 #include "python/gil_free_holder.h"
+#include "work/exit_gate.h"
 
 namespace py = pybind11;
 
@@ -20,6 +21,9 @@ PYBIND11_MODULE(_C, m) {
   gradzip::python::bind_topology(m);
   gradzip::python::bind_mpi(m);
 
+  m.def("_close_exit_gate", &gradzip::exit_gate::close, py::call_guard<py::gil_scoped_release>(),
+        "At interpreter exit: gradzip's threads finish the completions they are in and complete no more "
+        "(work/exit_gate.h).");
   m.def("built_torch_version", &gradzip::built_torch_version);
   m.def("cuda_built", &gradzip::cuda_built);
   m.def("mpi_built", &gradzip::mpi_built);

@@ -6,6 +6,7 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 
+#include "work/exit_gate.h"
 #include "work/future_work.h"
 
 namespace gradzip {
@@ -64,6 +65,7 @@ c10::intrusive_ptr<c10d::Work> OrderedWorker::submit(std::vector<at::Tensor> ten
     if (thread_.joinable() && std::this_thread::get_id() == thread_.get_id()) {
       lock.unlock();
       run(next);
+      let_go(next);
       return c10::make_intrusive<FutureWork>(future);
     }
     jobs_.push_back(std::move(next));
@@ -119,6 +121,11 @@ void OrderedWorker::run(Job& job) {
   } catch (...) {
     error = std::current_exception();
   }
+  const exit_gate::Pass pass = exit_gate::enter();
+  if (!pass) {  // the interpreter is exiting: nobody waits for the job, and its callbacks would kill the thread
+    exit_gate::keep(std::make_shared<Job>(job));
+    return;
+  }
   if (!job.settled->exchange(true)) {  // else aborted meanwhile: the caller has its error
     if (error) {
       job.future->setError(error);
@@ -138,6 +145,12 @@ void OrderedWorker::run(Job& job) {
   }
 }
 
+void OrderedWorker::let_go(Job& job) {
+  const exit_gate::Pass pass = exit_gate::enter();
+  if (!pass) exit_gate::keep(std::make_shared<Job>(job));  // their last references must not go on this thread
+  job = Job();
+}
+
 void OrderedWorker::loop() {
   std::unique_lock<std::mutex> lock(mutex_);
   while (true) {
@@ -148,13 +161,11 @@ void OrderedWorker::loop() {
     running_ = true;
     current_ = &job;
     lock.unlock();
-    finished_ = Job();  // the job before, while this job's waiter is still alive to wait
     run(job);
     lock.lock();
     current_ = nullptr;
     lock.unlock();
-    job.run = nullptr;  // its captures go here, before the queue may look idle
-    finished_ = std::move(job);
+    let_go(job);  // its captures and tensors, before the queue may look idle
     lock.lock();
     running_ = false;
     if (jobs_.empty()) idle_.notify_all();

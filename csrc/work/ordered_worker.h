@@ -30,6 +30,10 @@
 // once, so a caller blocked in wait() raises instead of waiting for a peer that will
 // never answer; a running job's own transport call ends by its timeout, its result
 // ignored; later submits raise.
+//
+// Completing a job's future and letting go of the job hold a pass of the exit gate
+// (work/exit_gate.h): once the interpreter has begun to exit, a job that finishes is
+// kept as it is, neither completed nor freed.
 #pragma once
 
 #include <atomic>
@@ -75,7 +79,11 @@ class OrderedWorker {
     std::optional<c10::Stream> stream = std::nullopt;  // current while it runs and completes: device tensors' side stream
   };
   void loop();
+  // Runs the job and completes its future, holding an exit_gate pass for the completion.
   void run(Job& job);
+  // Drops the job's references under a pass (work/exit_gate.h), or keeps them once the
+  // interpreter is exiting.
+  void let_go(Job& job);
   // The side stream of `device`'s jobs (lent on first use, kept until the worker goes).
   c10::Stream side_stream(c10::Device device);
 
@@ -88,12 +96,6 @@ class OrderedWorker {
   std::string aborted_;  // the reason, once aborted
   Job* current_ = nullptr;  // the running job (worker thread's), for abort()
   std::vector<std::unique_ptr<LentStream>> side_streams_;
-  // The last finished job's tensors and future, kept (by the worker thread alone) until
-  // the next job starts or the destructor's thread drops them: their last reference may
-  // be a Python tensor's, and a thread other than the interpreter's own dies taking the
-  // GIL once the interpreter is shutting down, which a script that ends right after its
-  // last wait() starts while this thread would still be letting go of that job.
-  Job finished_;
   std::thread thread_;
 };
 

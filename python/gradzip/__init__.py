@@ -10,6 +10,8 @@ also for decentralized gossip over a gradzip.Topology) and code that moves bytes
     import gradzip, torch.distributed as dist
     gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
 """
+import atexit
+
 import torch
 import torch.distributed  # before _C: pybind11 must know c10d.Backend first
 
@@ -47,6 +49,11 @@ def __getattr__(name):
 
 
 register()
+# Before Python finalizes, gradzip's threads finish the completions they are in (a future's
+# callbacks, freeing a call's tensors) and start no more: one that took the GIL during
+# finalization would abort the process (csrc/work/exit_gate.h). Registered at import, it
+# runs after the handlers registered later, the application's among them.
+atexit.register(_C._close_exit_gate)
 
 __all__ = [
     "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "checkpoint",

@@ -269,3 +269,27 @@ def test_a_rank_may_end_right_after_its_last_wait():
             out, err = proc.communicate(timeout=120)
             assert "finished" in out, (attempt, rank, err[-2000:])
             assert proc.returncode == 0 and "terminate" not in err, (attempt, rank, proc.returncode, err[-2000:])
+
+
+@pytest.mark.parametrize("call", ["recv", "all_reduce"])
+def test_a_rank_may_end_while_a_callback_runs_on_a_gradzip_thread(call):
+    """The script ends while a callback on the call's future sleeps on gradzip's thread:
+    the exit waits for the callback, and the process ends cleanly (it died of SIGSEGV or
+    "terminate called without an active exception")."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ranks import free_port
+    script = Path(__file__).with_name("exit_in_callback.py")
+    env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()),
+               OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([sys.executable, str(script), call], env=dict(env, RANK=str(r)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    for rank, proc in enumerate(procs):
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0 and "terminate" not in err, (rank, proc.returncode, err[-2000:])
+        if call == "all_reduce" or rank == 1:
+            assert out.split() == ["exiting", "callback", "finished"], (rank, out)
+

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "work/exit_gate.h"
 #include "work/future_work.h"
 #include "transport/split_sizes.h"
 
@@ -741,50 +742,56 @@ void MpiBackend::complete_point_to_point() {
       seen = posted_;
       backoff.restart(pending_bytes());
     }
-    if (stopping_) {
-      for (auto& entry : pending_) {
-        entry->future->setError(std::make_exception_ptr(
-            std::runtime_error("gradzip mpi: " + entry->what + " did not finish before the process group shut down")));
-      }
-      pending_.clear();
-      return;
-    }
-    const auto entries = pending_;
-    lock.unlock();
-    std::vector<std::shared_ptr<PendingPointToPoint>> finished;
-    for (const auto& entry : entries) {
-      try {
-        int done = 0;
-        MPI_Status status;
-        mpi::call([&] { mpi::check(MPI_Test(&entry->request, &done, &status), entry->what.c_str()); });
-        if (done) {
-          finished.push_back(entry);
-          if (entry->receive) {
-            int count = 0;
-            MPI_Get_count(&status, type_of(entry->staging), &count);
-            TORCH_CHECK(count == entry->staging.numel(), "gradzip mpi: ", entry->what, " expected ",
-                        entry->staging.numel(), " elements, rank ", status.MPI_SOURCE, " sent ", count);
-            entry->source->store(status.MPI_SOURCE);
-            unstage(entry->staging, entry->target);
-          }
-          entry->future->markCompleted(c10::IValue(std::vector<at::Tensor>{entry->target}));
-        } else if (mpi::Clock::now() >= entry->deadline) {
-          const std::string reason = "gradzip mpi: " + entry->what +
-                                     " did not finish within its timeout: the peer has stopped or died, or made "
-                                     "no matching call. This communicator refuses every later call.";
-          break_with(reason);
-          finished.push_back(entry);
-          entry->future->setError(std::make_exception_ptr(std::runtime_error(reason)));
+    bool more = false;
+    {  // a pass while futures complete and finished calls are let go, not while pausing
+      const exit_gate::Pass pass = exit_gate::enter();
+      if (!pass) return;  // the interpreter is exiting: the calls stay pending, kept with the communicator
+      if (stopping_) {
+        for (auto& entry : pending_) {
+          entry->future->setError(std::make_exception_ptr(
+              std::runtime_error("gradzip mpi: " + entry->what + " did not finish before the process group shut down")));
         }
-      } catch (...) {
-        finished.push_back(entry);
-        if (!entry->future->completed()) entry->future->setError(std::current_exception());
+        pending_.clear();
+        return;
       }
+      const auto entries = pending_;
+      lock.unlock();
+      std::vector<std::shared_ptr<PendingPointToPoint>> finished;
+      for (const auto& entry : entries) {
+        try {
+          int done = 0;
+          MPI_Status status;
+          mpi::call([&] { mpi::check(MPI_Test(&entry->request, &done, &status), entry->what.c_str()); });
+          if (done) {
+            finished.push_back(entry);
+            if (entry->receive) {
+              int count = 0;
+              MPI_Get_count(&status, type_of(entry->staging), &count);
+              TORCH_CHECK(count == entry->staging.numel(), "gradzip mpi: ", entry->what, " expected ",
+                          entry->staging.numel(), " elements, rank ", status.MPI_SOURCE, " sent ", count);
+              entry->source->store(status.MPI_SOURCE);
+              unstage(entry->staging, entry->target);
+            }
+            entry->future->markCompleted(c10::IValue(std::vector<at::Tensor>{entry->target}));
+          } else if (mpi::Clock::now() >= entry->deadline) {
+            const std::string reason = "gradzip mpi: " + entry->what +
+                                       " did not finish within its timeout: the peer has stopped or died, or made "
+                                       "no matching call. This communicator refuses every later call.";
+            break_with(reason);
+            finished.push_back(entry);
+            entry->future->setError(std::make_exception_ptr(std::runtime_error(reason)));
+          }
+        } catch (...) {
+          finished.push_back(entry);
+          if (!entry->future->completed()) entry->future->setError(std::current_exception());
+        }
+      }
+      lock.lock();
+      for (const auto& entry : finished) pending_.remove(entry);
+      if (!finished.empty()) backoff.restart(pending_bytes());
+      more = !pending_.empty();
     }
-    lock.lock();
-    for (const auto& entry : finished) pending_.remove(entry);
-    if (!finished.empty()) backoff.restart(pending_bytes());
-    if (pending_.empty()) continue;
+    if (!more) continue;
     const auto pause = backoff.pause_at(mpi::Clock::now());
     if (pause == mpi::Clock::duration::zero()) {
       lock.unlock();

@@ -9,7 +9,7 @@
 // matches messages in posting order), and a second thread completes them. Both threads
 // poll MPI at the pace of mpi::Backoff: at full pace for as long as the call's bytes
 // could take, then sleeping between polls, so a rank that waits for a late peer does not
-// hold a core.
+// hold a core. Both complete futures under a pass of the exit gate (work/exit_gate.h).
 //
 // Results are bitwise identical on every rank and do not depend on the MPI library's
 // algorithms: MPI only moves bytes; every reduction is computed by torch, each element
