@@ -331,13 +331,13 @@ std::exception_ptr CheckedReceives::broken(int src, int tag) const {
 bool CheckedReceives::serve() {
   std::unique_lock<std::mutex> lock(mutex_);
   bool open = true;
-  while (open) {
+  while (true) {
     wake_.wait(lock, [this] { return stopping_ || !ready_.empty(); });
     if (ready_.empty()) break;
     const LaneKey key = ready_.front();
     ready_.pop_front();
     open = run_lane(lock, key);
-    if (stopping_ && ready_.empty()) break;
+    if (!open || (stopping_ && ready_.empty())) break;
     ++idle_;
   }
   --threads_;
