@@ -7,6 +7,8 @@ VENV ?= $(or $(GRADZIP_VENV),$(CURDIR)/.venv)
 PYTHON := $(VENV)/bin/python
 export GRADZIP_VENV := $(VENV)
 export MAX_JOBS ?= 2
+# Developers' builds carry the GoogleTest binaries too (a user's pip install builds the extension alone).
+export GRADZIP_BUILD_TESTS ?= ON
 # The demo's ranks run on this machine's cores: one thread each keeps them from fighting.
 export OMP_NUM_THREADS ?= 1
 # ccache shares compilations between clones: paths under this checkout are hashed as

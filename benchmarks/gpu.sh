@@ -154,7 +154,7 @@ fi
 
 build_with_python() {
   # No MPI transport: an MPI found by chance on such a machine is not what its tests need.
-  GRADZIP_CUDA=ON GRADZIP_CMAKE_ARGS="-DGRADZIP_MPI=OFF ${arch:+-DGRADZIP_CUDA_ARCHITECTURES=$arch}" \
+  GRADZIP_CUDA=ON GRADZIP_BUILD_TESTS=ON GRADZIP_CMAKE_ARGS="-DGRADZIP_MPI=OFF ${arch:+-DGRADZIP_CUDA_ARCHITECTURES=$arch}" \
     "$PYTHON" -m pip install -v --no-build-isolation --no-deps --no-index -e . >"$out/build.log" 2>&1
 }
 build_with_make() {

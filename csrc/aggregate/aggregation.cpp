@@ -42,6 +42,7 @@ const AggregationKind& find_kind(const Spec& spec) {
   const auto& kinds = aggregation_kinds();
   auto kind = std::find_if(kinds.begin(), kinds.end(), [&](const AggregationKind& k) { return k.name == spec.name; });
   if (kind == kinds.end()) {
+    refuse_absent_codec(spec.name);
     std::vector<std::string> names;
     for (const auto& k : kinds) names.push_back(k.name);
     throw SpecError("gradzip: unknown aggregation '" + spec.name + "' in spec '" + spec.str() +
@@ -123,6 +124,7 @@ BoundSpec::BoundSpec(std::string_view text) : spec_(parse_spec(text)), kind_(&fi
   const CodecRecord* codec = nullptr;
   if (kind_->codec_from == AggregationKind::CodecFrom::kName) codec = find_codec_record(spec_.name);
   if (kind_->codec_from == AggregationKind::CodecFrom::kCompressKey) {
+    refuse_absent_codec(spec_.get_string("compress", ""));
     find_key(kind_->keys, "compress")->check(spec_);
     codec = find_codec_record(spec_.get_string("compress"));
   }

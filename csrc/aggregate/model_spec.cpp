@@ -49,7 +49,7 @@ BoundSpec bind_codec(const Spec& spec, const Spec& codec_part) {
 const std::vector<SpecKey>& ModelSpec::container_keys() {
   static const std::vector<SpecKey> keys = {
       SpecKey::integer("param_cutoff", "1024", 0, 9.0e18, "float tensors with fewer elements are stored exactly"),
-      SpecKey::choice("lossless", "zstd", lossless::method_names(), "the lossless stage after the codec, on every entry"),
+      SpecKey::choice("lossless", lossless::preferred_method(), lossless::method_names(), "the lossless stage after the codec, on every entry"),
   };
   return keys;
 }

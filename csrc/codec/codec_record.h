@@ -135,6 +135,11 @@ const std::vector<const CodecRecord*>& codec_records();
 // The record of a name or a wire id; null when there is none.
 const CodecRecord* find_codec_record(const std::string& name);
 const CodecRecord* find_codec_record(uint8_t id);
+// A built-in codec whose system library this build lacks (codec/system_libraries.h) has no
+// record; these throw, naming the library, when `name` (SpecError) or `id` (PayloadError)
+// is one, and return otherwise.
+void refuse_absent_codec(const std::string& name);
+void refuse_absent_codec(uint8_t id);
 // The record of a codec id that exists (an id from a record or a checked header).
 const CodecRecord& codec_record(CodecId id);
 // Adds a codec to the registry: every door (make_codec, the aggregations' spec binding,

@@ -10,11 +10,30 @@
 #include "codec/stc_codec.h"
 #include "codec/sz_codec.h"
 #include "codec/topk_codec.h"
+#include "codec/system_libraries.h"
 #include "codec/uniform_codec.h"
+#if GRADZIP_WITH_ZFP
 #include "codec/zfp_codec.h"
+#endif
 
 namespace gradzip {
 namespace {
+
+// Built-in codecs whose library this build lacks: still known by name and id, so that a
+// spec or a payload naming one says what is missing.
+struct AbsentCodec {
+  const char* name;
+  CodecId id;
+  SystemLibrary library;
+};
+const std::vector<AbsentCodec>& absent_codecs() {
+  static const std::vector<AbsentCodec> absent = {
+#if !GRADZIP_WITH_ZFP
+      {"zfp", CodecId::kZfp, SystemLibrary::kZfp},
+#endif
+  };
+  return absent;
+}
 
 std::string names() {
   std::string out;
@@ -35,7 +54,11 @@ namespace {
 std::vector<const CodecRecord*>& registry() {
   static std::vector<const CodecRecord*> records = {
       &identity_record(), &fp16_record(), &bf16_record(), &topk_record(),
-      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(), &zfp_record(), &polar_record(),
+      &randomk_record(),  &stc_record(),  &sign_record(), &qsgd_record(),  &uniform_record(), &sz_record(),
+#if GRADZIP_WITH_ZFP
+      &zfp_record(),
+#endif
+      &polar_record(),
   };
   return records;
 }
@@ -69,6 +92,20 @@ const CodecRecord* find_codec_record(uint8_t id) {
   return nullptr;
 }
 
+void refuse_absent_codec(const std::string& name) {
+  for (const auto& absent : absent_codecs()) {
+    if (name == absent.name) throw SpecError(missing_library_message("codec '" + name + "'", absent.library));
+  }
+}
+
+void refuse_absent_codec(uint8_t id) {
+  for (const auto& absent : absent_codecs()) {
+    if (static_cast<uint8_t>(absent.id) == id) {
+      throw PayloadError(missing_library_message("a payload of codec '" + std::string(absent.name) + "'", absent.library));
+    }
+  }
+}
+
 const CodecRecord& codec_record(CodecId id) {
   const CodecRecord* record = find_codec_record(static_cast<uint8_t>(id));
   if (!record) throw std::logic_error("gradzip: no codec has id " + std::to_string(static_cast<int>(id)));
@@ -78,6 +115,7 @@ const CodecRecord& codec_record(CodecId id) {
 std::unique_ptr<Codec> make_codec(const Spec& spec) {
   const CodecRecord* record = find_codec_record(spec.name);
   if (!record) {
+    refuse_absent_codec(spec.name);
     throw SpecError("gradzip: unknown codec '" + spec.name + "' in spec '" + spec.str() + "'; valid codecs: " + names());
   }
   check_keys(spec, record->keys, "codec '" + record->name + "'");

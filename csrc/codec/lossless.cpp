@@ -1,21 +1,30 @@
 #include "codec/lossless.h"
 
+#if GRADZIP_WITH_BLOSC
 #include <blosc.h>
+#endif
+#if GRADZIP_WITH_ZSTD
 #include <zstd.h>
-
+#endif
 
 #include "gradzip/codec.h"
 #include "gradzip/spec.h"
+#include "codec/system_libraries.h"
 
 namespace gradzip::lossless {
 namespace {
 
-constexpr int kZstdLevel = 1;  // its fastest standard level: the codecs before it did the heavy work
-constexpr int kBloscLevel = 5;
+// The library behind a method; kNone has none.
+SystemLibrary library_of(Method method) { return method == Method::kZstd ? SystemLibrary::kZstd : SystemLibrary::kBlosc; }
+
+bool built(Method method) { return method == Method::kNone || built_with(library_of(method)); }
 
 [[noreturn]] void corrupt(Method method, const std::string& why) {
   throw PayloadError("gradzip: invalid " + method_name(method) + " stream: " + why);
 }
+
+#if GRADZIP_WITH_BLOSC
+constexpr int kBloscLevel = 5;
 
 // blosc's global context is not thread-safe; its _ctx calls are, and use one thread here.
 std::vector<uint8_t> blosc_compress(const uint8_t* data, size_t size) {
@@ -50,6 +59,34 @@ std::vector<uint8_t> blosc_decompress(const uint8_t* data, size_t size, size_t r
   if (got < 0 || static_cast<size_t>(got) != raw_size) corrupt(Method::kBlosc, "its blocks do not decode");
   return out;
 }
+#endif
+
+#if GRADZIP_WITH_ZSTD
+constexpr int kZstdLevel = 1;  // its fastest standard level: the codecs before it did the heavy work
+
+std::vector<uint8_t> zstd_compress(const uint8_t* data, size_t size) {
+  std::vector<uint8_t> out(ZSTD_compressBound(size));
+  const size_t written = ZSTD_compress(out.data(), out.size(), data, size, kZstdLevel);
+  if (ZSTD_isError(written)) throw std::runtime_error(std::string("gradzip: zstd: ") + ZSTD_getErrorName(written));
+  out.resize(written);
+  return out;
+}
+
+std::vector<uint8_t> zstd_decompress(const uint8_t* data, size_t size, size_t raw_size) {
+  const unsigned long long declared = ZSTD_getFrameContentSize(data, size);
+  if (declared == ZSTD_CONTENTSIZE_ERROR) corrupt(Method::kZstd, "not a zstd frame");
+  if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != raw_size) {
+    corrupt(Method::kZstd, "it holds " + std::to_string(declared) + " bytes, " + std::to_string(raw_size) + " expected");
+  }
+  std::vector<uint8_t> out(raw_size);
+  const size_t got = ZSTD_decompress(out.data(), out.size(), data, size);
+  if (ZSTD_isError(got)) corrupt(Method::kZstd, ZSTD_getErrorName(got));
+  if (got != raw_size) {
+    corrupt(Method::kZstd, "it decodes to " + std::to_string(got) + " bytes, " + std::to_string(raw_size) + " expected");
+  }
+  return out;
+}
+#endif
 
 }  // namespace
 
@@ -60,7 +97,10 @@ std::vector<std::string> method_names() {
 Method method_from_name(const std::string& name) {
   const auto names = method_names();
   for (size_t i = 0; i < names.size(); ++i) {
-    if (names[i] == name) return static_cast<Method>(i);
+    if (names[i] != name) continue;
+    const auto method = static_cast<Method>(i);
+    if (!built(method)) throw SpecError(missing_library_message("lossless=" + name, library_of(method)));
+    return method;
   }
   throw SpecError("gradzip: unknown lossless stage '" + name + "'; valid: none, zstd, blosc");
 }
@@ -78,22 +118,27 @@ Method method_from_byte(uint8_t byte) {
   if (byte > static_cast<uint8_t>(Method::kBlosc)) {
     throw PayloadError("gradzip: unknown lossless stage " + std::to_string(byte) + " (valid: 0 none, 1 zstd, 2 blosc)");
   }
-  return static_cast<Method>(byte);
+  const auto method = static_cast<Method>(byte);
+  if (!built(method)) {
+    throw PayloadError(missing_library_message("a payload whose lossless stage is " + method_name(method),
+                                               library_of(method)));
+  }
+  return method;
 }
+
+std::string preferred_method() { return built(Method::kZstd) ? "zstd" : "none"; }
 
 std::vector<uint8_t> compress(Method method, const uint8_t* data, size_t size) {
   switch (method) {
     case Method::kNone: return std::vector<uint8_t>(data, data + size);
-    case Method::kZstd: {
-      std::vector<uint8_t> out(ZSTD_compressBound(size));
-      const size_t written = ZSTD_compress(out.data(), out.size(), data, size, kZstdLevel);
-      if (ZSTD_isError(written)) throw std::runtime_error(std::string("gradzip: zstd: ") + ZSTD_getErrorName(written));
-      out.resize(written);
-      return out;
-    }
+#if GRADZIP_WITH_ZSTD
+    case Method::kZstd: return zstd_compress(data, size);
+#endif
+#if GRADZIP_WITH_BLOSC
     case Method::kBlosc: return blosc_compress(data, size);
+#endif
+    default: throw std::invalid_argument(missing_library_message("lossless=" + method_name(method), library_of(method)));
   }
-  throw std::logic_error("gradzip: unknown lossless method");
 }
 
 std::vector<uint8_t> decompress(Method method, const uint8_t* data, size_t size, size_t raw_size) {
@@ -103,23 +148,14 @@ std::vector<uint8_t> decompress(Method method, const uint8_t* data, size_t size,
         corrupt(method, std::to_string(size) + " bytes stored, " + std::to_string(raw_size) + " expected");
       }
       return std::vector<uint8_t>(data, data + size);
-    case Method::kZstd: {
-      const unsigned long long declared = ZSTD_getFrameContentSize(data, size);
-      if (declared == ZSTD_CONTENTSIZE_ERROR) corrupt(method, "not a zstd frame");
-      if (declared != ZSTD_CONTENTSIZE_UNKNOWN && declared != raw_size) {
-        corrupt(method, "it holds " + std::to_string(declared) + " bytes, " + std::to_string(raw_size) + " expected");
-      }
-      std::vector<uint8_t> out(raw_size);
-      const size_t got = ZSTD_decompress(out.data(), out.size(), data, size);
-      if (ZSTD_isError(got)) corrupt(method, ZSTD_getErrorName(got));
-      if (got != raw_size) {
-        corrupt(method, "it decodes to " + std::to_string(got) + " bytes, " + std::to_string(raw_size) + " expected");
-      }
-      return out;
-    }
+#if GRADZIP_WITH_ZSTD
+    case Method::kZstd: return zstd_decompress(data, size, raw_size);
+#endif
+#if GRADZIP_WITH_BLOSC
     case Method::kBlosc: return blosc_decompress(data, size, raw_size);
+#endif
+    default: throw PayloadError(missing_library_message("lossless=" + method_name(method), library_of(method)));
   }
-  throw std::logic_error("gradzip: unknown lossless method");
 }
 
 }  // namespace gradzip::lossless

@@ -1,6 +1,6 @@
 // Lossless stage: general-purpose byte compression after a lossy codec (zstd, or blosc
 // with its byte shuffle), for payloads that leave through a file or a federated server
-// rather than an all-reduce. Debian's libzstd and libblosc do the work.
+// rather than an all-reduce. libzstd and libblosc do the work, in builds made with them.
 #pragma once
 
 #include <cstdint>
@@ -13,11 +13,15 @@ enum class Method : uint8_t { kNone = 0, kZstd = 1, kBlosc = 2 };
 
 // The methods' names, in the order of their bytes: none, zstd, blosc.
 std::vector<std::string> method_names();
-// A method from its name; throws SpecError for anything else, listing the valid names.
+// A method from its name; throws SpecError for anything else, listing the valid names, and
+// for a method whose library this build lacks (codec/system_libraries.h), naming it.
 Method method_from_name(const std::string& name);
 std::string method_name(Method method);
-// A method from its stored byte; throws PayloadError for an unknown one.
+// A method from its stored byte; throws PayloadError for an unknown one, and for one whose
+// library this build lacks.
 Method method_from_byte(uint8_t byte);
+// The default stage of a model container: zstd where this build has it, else none.
+std::string preferred_method();
 
 // The compressed bytes of data[0..size) (data itself for kNone). Deterministic: the same
 // input gives the same bytes on every machine (single-threaded, fixed levels).

@@ -13,7 +13,10 @@ PayloadHeader read_payload_header(const uint8_t* data, size_t size) {
            std::to_string(kWireVersion));
   }
   const uint8_t id = r.get<uint8_t>("codec id");
-  if (!find_codec_record(id)) r.fail("unknown codec id " + std::to_string(id));
+  if (!find_codec_record(id)) {
+    refuse_absent_codec(id);
+    r.fail("unknown codec id " + std::to_string(id));
+  }
   h.codec = static_cast<CodecId>(id);
   const uint32_t flags = r.get<uint32_t>("flags");
   if ((flags & ~kNonFinitePayloadFlag) != 0) r.fail("unknown header flags " + std::to_string(flags));

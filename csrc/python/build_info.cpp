@@ -1,5 +1,7 @@
 #include "python/build_info.h"
 
+#include "codec/system_libraries.h"
+
 namespace gradzip {
 
 #ifdef GRADZIP_WITH_CUDA
@@ -7,8 +9,6 @@ namespace cuda {
 std::vector<int> compiled_architectures();  // cuda/build_info.cu
 }
 #endif
-
-std::string built_torch_version() { return GRADZIP_TORCH_VERSION; }
 
 bool cuda_built() {
 #ifdef GRADZIP_WITH_CUDA
@@ -32,6 +32,14 @@ std::vector<int> cuda_architectures() {
 #else
   return {};
 #endif
+}
+
+std::map<std::string, bool> system_libraries() {
+  std::map<std::string, bool> built;
+  for (const auto library : {SystemLibrary::kZfp, SystemLibrary::kZstd, SystemLibrary::kBlosc}) {
+    built[library_name(library)] = built_with(library);
+  }
+  return built;
 }
 
 }  // namespace gradzip

@@ -24,8 +24,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_close_exit_gate", &gradzip::exit_gate::close, py::call_guard<py::gil_scoped_release>(),
         "At interpreter exit: gradzip's threads finish the completions they are in and complete no more "
         "(work/exit_gate.h).");
-  m.def("built_torch_version", &gradzip::built_torch_version);
   m.def("cuda_built", &gradzip::cuda_built);
   m.def("mpi_built", &gradzip::mpi_built);
   m.def("cuda_architectures", &gradzip::cuda_architectures);
+  m.def("system_libraries", &gradzip::system_libraries);
 }

@@ -29,6 +29,19 @@ from .codec import PayloadError
 __version__ = "0.1.0"
 
 
+def build_info() -> dict:
+    """What this build is: the torch it was built against ("torch", and "torch_cuda", "" for a
+    CPU-only torch), whether its CUDA kernels and MPI transport were built, and which optional
+    system libraries it uses (a missing one turns off only what needs it: the zfp codec, the
+    lossless stages zstd and blosc)."""
+    import json
+    from pathlib import Path
+
+    built = json.loads(Path(__file__).with_name("_build.json").read_text())
+    return {**built, "cuda_kernels": _C.cuda_built(), "cuda_architectures": _C.cuda_architectures(),
+            "mpi": _C.mpi_built(), "system_libraries": _C.system_libraries()}
+
+
 def cuda_built() -> bool:
     """True when gradzip's CUDA kernels were compiled into this build (a GPU need not be present)."""
     return _C.cuda_built()
@@ -56,7 +69,8 @@ register()
 atexit.register(_C._close_exit_gate)
 
 __all__ = [
-    "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "canonical_spec", "checkpoint",
+    "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "build_info",
+    "canonical_spec", "checkpoint",
     "codec",
     "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "load_state_dict", "mpi",
     "register", "reset_stats", "set_loss_scale", "state_dict", "stats",

@@ -14,7 +14,7 @@ CXX=${FUZZ_CXX:-clang++}
 command -v "$CXX" >/dev/null || { echo "fuzz.sh: $CXX not found (apt-get install clang libclang-rt-14-dev)"; exit 1; }
 launcher=$(command -v ccache || true)
 flags=(-std=c++20 -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
-       -Iinclude -Icsrc)
+       -Iinclude -Icsrc -DGRADZIP_WITH_ZFP=1 -DGRADZIP_WITH_ZSTD=1 -DGRADZIP_WITH_BLOSC=1)
 libraries=(-lzfp -lzstd -lblosc)  # the error-bounded codecs and the lossless stage (Debian)
 
 mkdir -p "$BUILD/obj" "$BUILD/findings"
