@@ -75,10 +75,11 @@ def autoload():
         try:
             register_backend_name()
         except ImportError as mismatch:
-            warnings.warn(f"gradzip: {mismatch}", RuntimeWarning, stacklevel=2)
+            why = str(mismatch)
+            warnings.warn(f"gradzip: {why}", RuntimeWarning, stacklevel=2)
 
             def refuse(dist_opts, backend_options):
-                raise ImportError(str(mismatch))
+                raise ImportError(why)
 
             dist.Backend.register_backend("gradzip", refuse, extended_api=True, devices=["cpu", "cuda"])
     except Exception as error:  # noqa: BLE001 -- a plugin must never break `import torch`

@@ -237,7 +237,7 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::gather(std::vector<std::vector<at
   return transport->gather(outputs, inputs, opts);
 }
 
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#if GRADZIP_TORCH_HAS_GATHER_INTO_TENSOR
 c10::intrusive_ptr<c10d::Work> GradzipBackend::gather_into_tensor(at::Tensor& output, at::Tensor& input,
                                                            const c10d::GatherOptions& opts) {
   const auto& transport = transport_for(input, "gather_single");

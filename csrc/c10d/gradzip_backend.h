@@ -22,9 +22,9 @@
 #include <vector>
 
 #include <torch/csrc/distributed/c10d/Backend.hpp>
-#include <torch/version.h>
 
 #include "work/ordered_worker.h"
+#include "work/torch_version.h"
 #include "gradzip/backend.h"
 
 namespace gradzip {
@@ -86,7 +86,7 @@ class GradzipBackend final : public Backend {
   c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 14)
+#if GRADZIP_TORCH_HAS_GATHER_INTO_TENSOR
   // dist.gather_single (torch 2.14; Gloo has none): the transport's list gather into rows
   // of the root's output, which must hold the group's size × the input's elements.
   c10::intrusive_ptr<c10d::Work> gather_into_tensor(at::Tensor& output, at::Tensor& input,

@@ -8,8 +8,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 import gradzip
 from ranks import run_ranks
 
-SPECS = ["topk:density=0.05", "topk:density=0.05,approx=1", "randomk:density=0.1", "stc:density=0.05",
-         "sign", "sign:vote=majority", "qsgd:bits=4", "qsgd:bits=8,bucket=128,norm=max", "fp16", "bf16",
+SMOKE = pytest.mark.torch_range  # also beside the second torch (scripts/second_torch.sh)
+SPECS = ["topk:density=0.05", "topk:density=0.05,approx=1", "randomk:density=0.1",
+         pytest.param("stc:density=0.05", marks=SMOKE), "sign", "sign:vote=majority",
+         pytest.param("qsgd:bits=4", marks=SMOKE), "qsgd:bits=8,bucket=128,norm=max", "fp16", "bf16",
          "identity", "sz:mode=abs,bound=1e-3", "zfp:mode=rel,bound=1e-2", "uniform:threshold=0",
          "polar:rate=0.5,block=256"]
 RANDOM_DRAWS = ("randomk", "qsgd", "uniform")  # their draws are seeded per tensor name
@@ -86,6 +88,7 @@ def known_answers(rank, world):
     return x, counts, largest, half
 
 
+@SMOKE
 def test_lossless_cases_give_the_exact_answer():
     world = 3
     results = run_ranks(known_answers, world)

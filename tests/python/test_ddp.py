@@ -65,6 +65,7 @@ def ddp_over_gradzip_and_gloo(rank, world):
     return train(rank, dist.group.WORLD), train(rank, gloo)
 
 
+@pytest.mark.torch_range
 def test_ddp_over_gradzip_is_bitwise_ddp_over_gloo():
     results = run_ranks(ddp_over_gradzip_and_gloo, 3)
     reference = results[0][1]

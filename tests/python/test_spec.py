@@ -31,6 +31,7 @@ def test_a_spec_is_bound_once_and_keeps_its_parts():
         gradzip.canonical_spec(3)
 
 
+@pytest.mark.torch_range
 def test_every_door_takes_the_same_spec():
     text = "topk:density=0.05,ef=0,seed=3,min_numel=10"
     spec = gradzip.Spec(text)
