@@ -21,7 +21,7 @@ EPOCHS ?= 3
 SPEC ?= stc:density=0.01,momentum=0.9,density_warmup=234
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: all deps build test test-cpp test-python sanitize fuzz demo bench clean
+.PHONY: all deps build test test-cpp test-python test-second-torch sanitize fuzz demo bench clean
 all: build
 
 deps:
@@ -40,6 +40,10 @@ test-cpp: build
 test-python: build
 	$(PYTHON) -m pytest -q --durations=15 tests/python
 
+# gradzip built as a user builds it beside a second torch (PyTorch's 2.13.0 CPU wheel), and the smoke set there.
+test-second-torch: deps
+	scripts/second_torch.sh
+
 # The C++ tests and a multi-rank Python set under AddressSanitizer + UBSan (build-sanitize/).
 sanitize: build
 	scripts/sanitize.sh
@@ -49,7 +53,7 @@ FUZZ_SECONDS ?= 10
 fuzz: deps
 	tests/fuzz/fuzz.sh $(FUZZ_SECONDS)
 
-test: test-cpp test-python sanitize fuzz
+test: test-cpp test-python test-second-torch sanitize fuzz
 
 demo: build
 	$(VENV)/bin/torchrun --standalone --nproc-per-node $(NPROC) examples/train_fashion_mnist.py --epochs $(EPOCHS) --spec "$(SPEC)"
@@ -63,4 +67,4 @@ bench: build
 	$(PYTHON) benchmarks/model_codecs.py
 
 clean:
-	rm -rf build build-sanitize build-fuzz python/gradzip/_C*.so
+	rm -rf build build-sanitize build-fuzz build-torch* python/gradzip/_C*.so python/gradzip/_build.json
