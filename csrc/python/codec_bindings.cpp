@@ -120,6 +120,7 @@ void bind_codec(py::module_& m) {
         return py::make_tuple(codec_for_payload(p, bytes.size())->name(), h.version, h.numel, !h.non_finite);
       },
       py::arg("data"));
+  m.attr("WIRE_VERSION") = static_cast<int>(kWireVersion);
   m.def("lossless_methods", &lossless::method_names, "The lossless stages' names, in the order of their bytes.");
   m.def(
       "lossless_compress",

@@ -8,7 +8,8 @@ from . import mpi
 from ._extension import _C
 from .node_layout import (gloo_maker, layout_ranks, node_layout, node_transports, shared_memory_name,
                           shared_memory_wanted)
-from .options import Options
+from .options import Options, SpecError
+from .rank_agreement import describe, require_agreement
 
 BACKEND_NAME = "gradzip"
 
@@ -23,7 +24,13 @@ def _create_backend(dist_opts, backend_options):
         raise TypeError(
             f"gradzip: pg_options must be a gradzip.Options, not {type(backend_options).__name__}"
         )
-    spec = options.resolved_spec()
+    # A rank whose spec does not parse still joins the agreement below, so that the others
+    # learn why instead of waiting for it.
+    try:
+        spec = options.resolved_spec()
+        configured = describe(f"spec '{spec}'")
+    except SpecError as error:
+        spec, configured = error, describe(f"an invalid spec ({error})")
     validate = options.resolved_validate()
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(seconds=1800)
@@ -38,6 +45,9 @@ def _create_backend(dist_opts, backend_options):
         cpu = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", store), rank, size, timeout)
         cpu.options.global_ranks_in_group = dist_opts.global_ranks_in_group
         cpu.options.group_name = f"{dist_opts.group_id}/gradzip-gloo"  # its logs tell it from a gloo group
+    require_agreement(cpu, size, configured)
+    if isinstance(spec, SpecError):
+        raise spec
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         if over_mpi:

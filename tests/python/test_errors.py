@@ -270,3 +270,28 @@ def test_a_group_bound_after_its_backend_was_made_binds_its_transport(monkeypatc
     assert made.nccl.bound_device_id == torch.device("cuda", 1)
     backend_module.bind_transport_to_bound_device(group(torch.device("cuda", 0)))  # already bound: kept
     assert made.nccl.bound_device_id == torch.device("cuda", 1)
+
+
+def init_with_own_spec(rank, world, specs):
+    import gradzip
+    os.environ["GRADZIP_AGGREGATION"] = specs[rank]
+    gradzip.init_process_group("gradzip")
+    x = torch.ones(4096)
+    dist.all_reduce(x)
+
+
+@pytest.mark.parametrize("specs", [
+    ("stc:density=0.01", "topk:density=0.01"),
+    ("topk:density=0.01", "topk:density=0.02"),
+    ("topk:density=0.01", "nope"),
+])
+def test_ranks_given_different_specs_refuse_to_start_on_every_rank(specs):
+    with pytest.raises(AssertionError) as failure:
+        run_ranks(init_with_own_spec, 2, specs, timeout=60)
+    text = str(failure.value)
+    assert text.count("the ranks of this group were configured differently") == 2, text  # both ranks, no abort
+    assert f"rank 0: spec '{specs[0]}'" in text
+    if specs[1] == "nope":
+        assert "rank 1: an invalid spec (gradzip: unknown aggregation 'nope'" in text
+    else:
+        assert f"rank 1: spec '{specs[1]}'" in text

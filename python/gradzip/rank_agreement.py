@@ -1,0 +1,53 @@
+"""Ranks configured differently are stopped before any payload moves. When a gradzip group is
+made, its ranks all-gather what each was configured with (the aggregation spec, gradzip's
+release, the payload format) and every rank raises the same error, naming each side, if they
+differ: a rank given another spec (GRADZIP_AGGREGATION set differently on one node) would
+otherwise decode the others' payloads as garbage, or make Gloo abort the process on a size
+mismatch. One all-gather of 512 bytes per rank, once per group."""
+import hashlib
+from importlib import metadata
+
+import torch
+
+from ._extension import _C
+
+_WIDTH = 512
+
+
+def describe(spec_text: str) -> str:
+    """What a rank must agree on: its spec (or why it has none), gradzip's release and payload format."""
+    try:
+        release = metadata.version("gradzip")
+    except metadata.PackageNotFoundError:
+        release = "unknown"
+    return f"{spec_text}, gradzip {release}, payload format {_C.WIRE_VERSION}"
+
+
+def _fixed(text: str) -> torch.Tensor:
+    data = text.encode()
+    if len(data) > _WIDTH:  # a long spec keeps its start and a digest of the whole
+        digest = hashlib.sha256(data).hexdigest()[:16].encode()
+        data = data[: _WIDTH - len(digest) - 5] + b" ... " + digest
+    out = torch.zeros(_WIDTH, dtype=torch.uint8)
+    out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out
+
+
+def require_agreement(transport, size: int, description: str) -> None:
+    """All-gathers `description` over `transport` (a c10d Backend of the group's ranks) and
+    raises ValueError on every rank, naming which ranks said what, unless all are equal."""
+    mine = _fixed(description)
+    every = [torch.empty_like(mine) for _ in range(size)]
+    transport.allgather([every], [mine]).wait()
+    said = [bytes(t.numpy()).rstrip(b"\0").decode(errors="replace") for t in every]
+    if len(set(said)) == 1:
+        return
+    sides = {}
+    for rank, text in enumerate(said):
+        sides.setdefault(text, []).append(rank)
+    named = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {text}" for text, r in sides.items())
+    raise ValueError(
+        f"gradzip: the ranks of this group were configured differently, and it refuses to start before any "
+        f"payload moves ({named}); give every rank the same GRADZIP_AGGREGATION (or pg_options) and the same "
+        "gradzip build"
+    )
