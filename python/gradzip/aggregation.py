@@ -23,6 +23,7 @@ from ._extension import _C
 from .checkpoint import aggregation_state, stamped
 from ._transport import transport_of, use_node_levels
 from .options import bind_spec
+from .world_portable import portable_tensors, require_same_world, whose
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -93,13 +94,20 @@ class Aggregation:
     def reset_stats(self) -> None:
         self._aggregation.reset_stats()
 
-    def state_dict(self) -> dict:
-        """The spec's text and the state as named tensors ("<key>/<field>")."""
-        return stamped({"spec": str(self.spec), "tensors": self._aggregation.state_dict()})
+    def state_dict(self, portable: bool = False) -> dict:
+        """The spec's text and the state as named tensors ("<key>/<field>"), for this rank of
+        this world size. portable=True: a collective over the group giving every rank the
+        same dict, loadable at any world size (gradzip.world_portable)."""
+        tensors = self._aggregation.state_dict()
+        if portable:
+            return stamped({"spec": str(self.spec), "tensors": portable_tensors(tensors, self.group, "gradzip.Aggregation"),
+                            "portable": True})
+        return stamped({"spec": str(self.spec), "tensors": tensors, **whose(self.group)})
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = aggregation_state(state)
+        require_same_world(state, self.group, "gradzip.Aggregation")
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {str(self.spec)!r}")
         self._aggregation.load_state_dict(state["tensors"])

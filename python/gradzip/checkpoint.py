@@ -28,6 +28,10 @@ one with an error that names both formats (CheckpointError, a ValueError).
      layers=off, which resumes it as it ran (a State of the bare spec refuses it, naming
      both specs).
 
+A rank's own state_dict() of the hook, gradzip.Aggregation and the backend also carries
+"world_size" and "rank" (older ones do not, and load anywhere); state_dict(portable=True)
+carries "portable" instead (gradzip.world_portable). Both are fields within format 3.
+
 Golden files of every format, written by the builds that shipped it, are loaded by
 tests/python/test_checkpoints.py.
 """

@@ -14,12 +14,19 @@ import torch
 from .checkpoint import CheckpointError, format_1_state, stamped
 from .options import bind_spec
 from .stats import _backend
+from .world_portable import portable_tensors, require_same_world, whose
 
 
-def state_dict(group=None) -> dict:
-    """The state of `group` (a gradzip group; default: the default group)."""
+def state_dict(group=None, portable: bool = False) -> dict:
+    """The state of `group` (a gradzip group; default: the default group), for this rank of
+    this world size. portable=True: a collective over the group giving every rank the same
+    dict, loadable at any world size (gradzip.world_portable)."""
     backend = _backend(group, "gradzip.state_dict")
-    return stamped({"spec": str(backend.spec), "tensors": backend.state_dict()})
+    tensors = backend.state_dict()
+    if portable:
+        return stamped({"spec": str(backend.spec), "tensors": portable_tensors(tensors, group, "gradzip.state_dict"),
+                        "portable": True})
+    return stamped({"spec": str(backend.spec), "tensors": tensors, **whose(group)})
 
 
 def load_state_dict(state: dict, group=None) -> None:
@@ -29,6 +36,7 @@ def load_state_dict(state: dict, group=None) -> None:
         backend.load_state_dict(state)  # format 1's named tensors, saved without a spec
         return
     state = format_1_state(state, "gradzip.load_state_dict", ("spec", "tensors"))
+    require_same_world(state, group, "gradzip.load_state_dict")
     if bind_spec(state["spec"]) != bind_spec(str(backend.spec)):
         raise CheckpointError(f"gradzip.load_state_dict: the saved state is for {state['spec']!r}, this group runs "
                               f"{str(backend.spec)!r}")

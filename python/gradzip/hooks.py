@@ -36,6 +36,7 @@ from ._transport import drain, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
+from .world_portable import portable_tensors, require_same_world, whose
 
 
 class State:
@@ -90,16 +91,23 @@ class State:
         self._aggregation.reset_stats()
         self._exact.reset_stats()
 
-    def state_dict(self) -> dict:
+    def state_dict(self, portable: bool = False) -> dict:
         """Everything a resumed job needs to continue bit-exactly (no process group):
         the spec's text, the iteration counters, and the aggregation's state as named
-        tensors ("<key>/<field>", keyed by bucket index or by parameter name)."""
-        return stamped({"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
-                        "state": self._aggregation.state_dict()})
+        tensors ("<key>/<field>", keyed by bucket index or by parameter name), for this
+        rank of this world size. portable=True: a collective over the group giving every
+        rank the same dict, loadable at any world size (gradzip.world_portable)."""
+        state = {"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration}
+        tensors = self._aggregation.state_dict()
+        if portable:
+            return stamped({**state, "state": portable_tensors(tensors, self.process_group, "gradzip.hooks"),
+                            "portable": True})
+        return stamped({**state, "state": tensors, **whose(self.process_group)})
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
         state = hook_state(state)
+        require_same_world(state, self.process_group, "gradzip.hooks")
         require_same_spec("gradzip.hooks", state["spec"], self.spec,
                           "format 0 or 1 ran with layers=off, the default then", "give State", state["state"])
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]

@@ -1,0 +1,103 @@
+"""Checkpoints that move between world sizes: the rule, written once, for every door.
+
+A rank's state_dict() holds that rank's error feedback for one world size and one rank
+numbering, and says so ("world_size", "rank"): loading it into another rank, or at another
+world size, raises instead of resuming with the wrong rank's residuals.
+
+state_dict(portable=True) is a collective (every rank of the group calls it) that returns the
+same dict on every rank, loadable by any rank of a job of any size (so torch.save from one
+rank, or torch.distributed.checkpoint, which stores a tensor that every rank holds alike
+once). The rule, for an average over W ranks, whose update applies (1/W)·Σ_r sent_r:
+
+- residual e_r (the mass not yet sent): every rank's becomes the mean (1/W)·Σ_r e_r, summed in
+  float64. A job restarted at W' ranks gives every rank that mean, so the mass not yet applied,
+  (1/W')·Σ e' = (1/W)·Σ_r e_r, is conserved: exactly up to one float32 rounding of the mean.
+- velocity u_r (momentum correction): the mean as well, so the velocity the average carries,
+  (1/W)·Σ_r u_r, follows its parameters across the restart.
+- counters (calls, step), a layer's chosen level and the loss scale agree across ranks: kept.
+- the two-phase owners' residuals (owner_residual, owner_offset: each owns a chunk whose bounds
+  move with the world size) and gossip's public copies (public_copy_<rank>: the neighbours
+  change) have no such rule: they are dropped, with a warning that names them and the mass
+  (L1 norm) of the owners' residuals dropped.
+"""
+import warnings
+import zlib
+
+import torch
+import torch.distributed as dist
+
+from ._transport import drain, transport_of
+from .checkpoint import CheckpointError
+
+_MEANS = ("residual", "velocity")
+_DROPPED = ("owner_residual", "owner_offset")
+
+
+def _field(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def whose(group) -> dict:
+    """The "world_size" and "rank" a rank's own state_dict() is stamped with."""
+    if not dist.is_initialized():
+        return {}
+    return {"world_size": dist.get_world_size(group), "rank": dist.get_rank(group)}
+
+
+def portable_tensors(tensors: dict, group, door: str) -> dict:
+    """Collective over `group`: `tensors` (one rank's "<key>/<field>" state) under the rule
+    above, the same on every rank. Every rank must hold the same names."""
+    group = group if group is not None else dist.group.WORLD
+    world = dist.get_world_size(group)
+    dropped = sorted(name for name in tensors if _field(name) in _DROPPED or _field(name).startswith("public_copy_"))
+    averaged = sorted(name for name in tensors if _field(name) in _MEANS)
+    drain(group, torch.device("cpu"))
+    transport = transport_of(group, torch.device("cpu"))
+    layout = ";".join(f"{n}:{tensors[n].numel()}" for n in averaged).encode()
+    _require_same_layout(transport, [len(averaged), zlib.crc32(layout)], door)
+    flat = torch.cat([tensors[n].detach().to("cpu", torch.float64).view(-1) for n in averaged] +
+                     [torch.zeros(1, dtype=torch.float64)])  # the last: the owners' dropped mass
+    flat[-1] = sum(float(tensors[n].abs().sum()) for n in dropped if _field(n) == "owner_residual")
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.SUM
+    transport.allreduce([flat], options).wait()
+    out, offset = {}, 0
+    for name in sorted(tensors):
+        if name in averaged:
+            value = tensors[name]
+            out[name] = (flat[offset: offset + value.numel()] / world).to(value.dtype).view_as(value)
+            offset += value.numel()
+        elif name not in dropped:
+            out[name] = tensors[name].detach().clone()
+    if dropped:
+        warnings.warn(f"{door}: state_dict(portable=True) drops what has no rule across world sizes "
+                      f"({', '.join(dropped)}; the owners' residuals held an L1 mass of {float(flat[-1]):.6g} "
+                      "summed over the ranks)", RuntimeWarning, stacklevel=3)
+    return out
+
+
+def _require_same_layout(transport, mine: list, door: str) -> None:
+    """Every rank averages the same names and sizes (else the sum below would mismatch)."""
+    extremes = []
+    for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+        value = torch.tensor(mine, dtype=torch.int64)
+        options = dist.AllreduceOptions()
+        options.reduceOp = op
+        transport.allreduce([value], options).wait()
+        extremes.append(value.tolist())
+    if extremes[0] != extremes[1]:
+        raise CheckpointError(f"{door}: state_dict(portable=True) needs the same state on every rank, and the ranks "
+                              "hold different tensors (another spec or model on some rank, or a rank that has "
+                              "not aggregated yet)")
+
+
+def require_same_world(state: dict, group, door: str) -> None:
+    """Refuses a rank's own (not portable) state_dict() at another world size or rank."""
+    if state.get("portable") or "world_size" not in state or not dist.is_initialized():
+        return
+    here = whose(group)
+    if (state["world_size"], state["rank"]) != (here["world_size"], here["rank"]):
+        raise CheckpointError(
+            f"{door}: this checkpoint holds the error feedback of rank {state['rank']} of {state['world_size']}, "
+            f"and this is rank {here['rank']} of {here['world_size']}: a rank's own state resumes only there; "
+            "save with state_dict(portable=True) to move between world sizes")

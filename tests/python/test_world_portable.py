@@ -1,0 +1,132 @@
+"""Checkpoints that move between world sizes (gradzip.world_portable): state_dict(portable=True)
+gives every rank the mean residual and velocity, summed in float64, a job at another world
+size loads it and trains on with the mass not yet sent conserved, and a rank's own state
+refuses another rank or world size by name."""
+import warnings
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from ranks import run_ranks
+
+SPEC = "topk:density=0.05,momentum=0.9"
+
+
+def model_and_hook(spec):
+    import gradzip
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = DDP(model)
+    state = gradzip.hooks.State(spec, model=ddp)
+    ddp.register_comm_hook(state, gradzip.hooks.hook)
+    return ddp, state
+
+
+def train(ddp, rank, steps, first=0):
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(first, first + steps):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        opt.zero_grad()
+        ddp(torch.randn(8, 16, generator=g)).pow(2).mean().backward()
+        opt.step()
+
+
+def save_at(rank, world):
+    dist.init_process_group("gloo")
+    ddp, state = model_and_hook(SPEC)
+    train(ddp, rank, 5)
+    return state.state_dict(), state.state_dict(portable=True), [p.detach().clone() for p in ddp.parameters()]
+
+
+def resume_at(rank, world, portable, weights, own):
+    import gradzip
+    dist.init_process_group("gloo")
+    ddp, state = model_and_hook(SPEC)
+    with torch.no_grad():
+        for p, w in zip(ddp.parameters(), weights):
+            p.copy_(w)
+    try:
+        state.load_state_dict(own)
+        refused = None
+    except gradzip.checkpoint.CheckpointError as error:
+        refused = str(error)
+    state.load_state_dict(portable)
+    loaded = state.state_dict()["state"]
+    train(ddp, rank, 3, first=5)
+    return loaded, refused, torch.cat([p.detach().view(-1) for p in ddp.parameters()])
+
+
+def test_the_hooks_state_moves_from_4_ranks_to_3_with_its_mass_conserved():
+    saved = run_ranks(save_at, 4)
+    own = [s[0]["state"] for s in saved]
+    portable = saved[0][1]
+    assert portable["portable"] and "world_size" not in portable
+    for _, other, _ in saved[1:]:  # the same on every rank
+        assert other.keys() == portable.keys()
+        assert all(torch.equal(other["state"][k], portable["state"][k]) for k in portable["state"])
+    fields = {k.rsplit("/", 1)[1] for k in portable["state"]}
+    assert {"residual", "velocity", "calls", "step"} <= fields
+    for name, value in portable["state"].items():
+        if name.endswith(("/residual", "/velocity")):
+            mean = sum(o[name].double() for o in own) / 4
+            assert torch.equal(value, mean.float()), name
+        else:
+            assert all(torch.equal(o[name], value) for o in own), name  # counters agree across ranks
+
+    resumed = run_ranks(resume_at, 3, portable, saved[0][2], saved[2][0])
+    for rank, (loaded, refused, weights) in enumerate(resumed):
+        assert "holds the error feedback of rank 2 of 4, and this is rank" in refused
+        assert "state_dict(portable=True)" in refused
+        for name, value in portable["state"].items():
+            assert torch.equal(loaded[name], value), name
+        assert torch.equal(weights, resumed[0][2]), "the resumed ranks disagree"
+    # The mass not yet applied: (1/3)·Σ e' against (1/4)·Σ e_r, one float32 rounding apart.
+    for name in (k for k in portable["state"] if k.endswith("/residual")):
+        before = sum(o[name].double() for o in own) / 4
+        after = sum(r[0][name].double() for r in resumed) / 3
+        torch.testing.assert_close(after, before, rtol=2 ** -23, atol=1e-12)
+
+
+def backend_portable(rank, world):
+    import gradzip
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation="stc:density=0.05,exchange=twophase"))
+    for step in range(3):
+        x = torch.randn(4096, generator=torch.Generator().manual_seed(step * 10 + rank))
+        dist.all_reduce(x, op=dist.ReduceOp.AVG)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        portable = gradzip.state_dict(portable=True)
+    own = gradzip.state_dict()
+    return portable, own, [str(w.message) for w in caught]
+
+
+def test_the_backend_drops_the_owners_residuals_by_name():
+    results = run_ranks(backend_portable, 4)
+    portable, own, caught = results[0]
+    assert any(k.endswith("/owner_residual") for k in own["tensors"])
+    assert not any(k.endswith(("/owner_residual", "/owner_offset")) for k in portable["tensors"])
+    assert len(caught) == 1 and "owner_residual" in caught[0] and "L1 mass of" in caught[0]
+    assert all(torch.equal(r[0]["tensors"][k], v) for r in results for k, v in portable["tensors"].items())
+    assert own["world_size"] == 4 and own["rank"] == 0
+
+
+def mismatched(rank, world):
+    import gradzip
+    dist.init_process_group("gloo")
+    agg = gradzip.Aggregation("topk:density=0.1")
+    agg([torch.randn(100, generator=torch.Generator().manual_seed(rank))])
+    state = agg.state_dict(portable=True)
+    if rank == 1:  # a tensor the other rank never aggregated
+        state["tensors"].update({"tensor:9/residual": torch.zeros(5), "tensor:9/calls": state["tensors"]["tensor:0/calls"]})
+    agg.load_state_dict(state)
+    try:
+        agg.state_dict(portable=True)
+    except gradzip.checkpoint.CheckpointError as error:
+        return str(error)
+
+
+def test_ranks_holding_different_state_are_refused_before_any_sum():
+    for message in run_ranks(mismatched, 2):
+        assert "needs the same state on every rank" in message
