@@ -24,7 +24,8 @@ def registered(device_only=False):
 
 
 def codecs_of(specs):
-    return {spec.partition(":")[0] for spec in specs}
+    texts = (spec.values[0] if hasattr(spec, "values") else spec for spec in specs)  # pytest.param(spec, marks=...)
+    return {text.partition(":")[0] for text in texts}
 
 
 @pytest.mark.parametrize("name, specs, device_only", [
