@@ -23,6 +23,7 @@ from ._extension import _C
 from .checkpoint import aggregation_state, stamped
 from ._transport import transport_of, use_node_levels
 from .options import bind_spec
+from .rank_agreement import describe, require_agreement
 from .world_portable import portable_tensors, require_same_world, whose
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -74,6 +75,8 @@ class Aggregation:
         transport = transport_of(self.group, tensor.device)
         if not self._node_levels_asked:  # every rank is in its first call: a collective point
             self._node_levels_asked = True
+            require_agreement(transport, dist.get_world_size(self.group), describe(f"spec '{self.spec}'"),
+                              tensor.device)
             use_node_levels(self._aggregation, self.spec, self.group, transport, tensor.device)
         if tensor.is_contiguous():
             self._aggregation.allreduce(tensor, key, op, transport)

@@ -36,6 +36,7 @@ from ._transport import drain, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
+from .rank_agreement import describe, require_agreement
 from .world_portable import portable_tensors, require_same_world, whose
 
 
@@ -146,8 +147,11 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
             state._aggregation.set_loss_scale(state.scaler.get_scale())
         if not state._node_levels_asked:
             # Every rank is here, at bucket 0 of the first compressed iteration, with the
-            # group's queued calls drained: the groups of the nodes can be made.
+            # group's queued calls drained: the ranks check that they run the same spec, and
+            # the groups of the nodes can be made.
             state._node_levels_asked = True
+            require_agreement(transport, dist.get_world_size(state.process_group),
+                              describe(f"spec '{state.spec}'"), buffer.device)
             use_node_levels(state._aggregation, state.spec, state.process_group, transport, buffer.device)
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():

@@ -1,5 +1,6 @@
 """Ranks configured differently are stopped before any payload moves. When a gradzip group is
-made, its ranks all-gather what each was configured with (the aggregation spec, gradzip's
+made (and at the first compressed call of a hook State or a gradzip.Aggregation), its ranks
+all-gather what each was configured with (the aggregation spec, gradzip's
 release, the payload format) and every rank raises the same error, naming each side, if they
 differ: a rank given another spec (GRADZIP_AGGREGATION set differently on one node) would
 otherwise decode the others' payloads as garbage, or make Gloo abort the process on a size
@@ -33,13 +34,14 @@ def _fixed(text: str) -> torch.Tensor:
     return out
 
 
-def require_agreement(transport, size: int, description: str) -> None:
-    """All-gathers `description` over `transport` (a c10d Backend of the group's ranks) and
-    raises ValueError on every rank, naming which ranks said what, unless all are equal."""
-    mine = _fixed(description)
+def require_agreement(transport, size: int, description: str, device=None) -> None:
+    """All-gathers `description` over `transport` (a c10d Backend of the group's ranks, moving
+    `device` tensors; default CPU) and raises ValueError on every rank, naming which ranks said
+    what, unless all are equal."""
+    mine = _fixed(description).to(device or "cpu")
     every = [torch.empty_like(mine) for _ in range(size)]
     transport.allgather([every], [mine]).wait()
-    said = [bytes(t.numpy()).rstrip(b"\0").decode(errors="replace") for t in every]
+    said = [bytes(t.cpu().numpy()).rstrip(b"\0").decode(errors="replace") for t in every]
     if len(set(said)) == 1:
         return
     sides = {}

@@ -295,3 +295,30 @@ def test_ranks_given_different_specs_refuse_to_start_on_every_rank(specs):
         assert "rank 1: an invalid spec (gradzip: unknown aggregation 'nope'" in text
     else:
         assert f"rank 1: spec '{specs[1]}'" in text
+
+
+def hook_and_aggregation_with_own_spec(rank, world, specs):
+    import gradzip
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    dist.init_process_group("gloo")
+    messages = []
+    try:
+        gradzip.Aggregation(specs[rank])([torch.ones(4096)])
+    except ValueError as error:
+        messages.append(str(error))
+    model = DDP(torch.nn.Linear(64, 64))
+    model.register_comm_hook(gradzip.hooks.State(specs[rank]), gradzip.hooks.hook)
+    for _ in range(2):  # the first iteration is exact; the second compresses
+        try:
+            model(torch.ones(4, 64)).sum().backward()
+        except ValueError as error:  # raised by the hook, through backward()
+            messages.append(str(error))
+    return messages
+
+
+def test_the_hook_and_aggregation_refuse_ranks_with_different_specs():
+    for messages in run_ranks(hook_and_aggregation_with_own_spec, 2, ("stc:density=0.01", "topk:density=0.01")):
+        assert len(messages) == 2, messages
+        for message in messages:
+            assert "configured differently" in message and "rank 0: spec 'stc:density=0.01'" in message
+            assert "rank 1: spec 'topk:density=0.01'" in message
