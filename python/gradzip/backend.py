@@ -26,11 +26,12 @@ def _create_backend(dist_opts, backend_options):
         )
     # A rank whose spec does not parse still joins the agreement below, so that the others
     # learn why instead of waiting for it.
+    invalid = None
     try:
         spec = options.resolved_spec()
         configured = describe(f"spec '{spec}'")
     except SpecError as error:
-        spec, configured = error, describe(f"an invalid spec ({error})")
+        invalid, configured = error, describe(f"an invalid spec ({error})")
     validate = options.resolved_validate()
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(seconds=1800)
@@ -46,8 +47,8 @@ def _create_backend(dist_opts, backend_options):
         cpu.options.global_ranks_in_group = dist_opts.global_ranks_in_group
         cpu.options.group_name = f"{dist_opts.group_id}/gradzip-gloo"  # its logs tell it from a gloo group
     require_agreement(cpu, size, configured)
-    if isinstance(spec, SpecError):
-        raise spec
+    if invalid is not None:
+        raise invalid
     nccl = None
     if torch.cuda.is_available() and dist.is_nccl_available():
         if over_mpi:
