@@ -222,10 +222,15 @@ def test_unsupported_graphs_and_specs_are_clear_errors():
 
 
 def choco_with_its_own_spec(rank, world, specs):
-    """Each rank runs choco with its own spec, specs[rank]; returns the error it raised."""
+    """Each rank runs choco with its own spec, specs[rank]; returns the error it raised. The
+    C++ aggregation is driven directly: gradzip.Aggregation would refuse the ranks' specs
+    before any payload moves (test_errors.py), and these are the checks behind that one."""
     dist.init_process_group("gloo")
+    aggregation = gradzip._C.Aggregation(gradzip.Spec(specs[rank]))
+    transport = dist.group.WORLD._get_backend(torch.device("cpu"))
     try:
-        gradzip.Aggregation(specs[rank])(torch.randn(4096, generator=torch.Generator().manual_seed(rank)))
+        aggregation.allreduce(torch.randn(4096, generator=torch.Generator().manual_seed(rank)), "tensor",
+                              dist.ReduceOp.AVG, transport)
     except RuntimeError as e:
         return str(e)
     return None
