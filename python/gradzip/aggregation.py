@@ -20,11 +20,11 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
-from .checkpoint import aggregation_state, stamped
+from .checkpoint import aggregation_state
 from ._transport import transport_of, use_node_levels
 from .options import bind_spec
 from .rank_agreement import describe, require_agreement
-from .world_portable import portable_tensors, require_same_world, whose
+from .world_portable import require_same_world, state_for_world
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -101,11 +101,8 @@ class Aggregation:
         """The spec's text and the state as named tensors ("<key>/<field>"), for this rank of
         this world size. portable=True: a collective over the group giving every rank the
         same dict, loadable at any world size (gradzip.world_portable)."""
-        tensors = self._aggregation.state_dict()
-        if portable:
-            return stamped({"spec": str(self.spec), "tensors": portable_tensors(tensors, self.group, "gradzip.Aggregation"),
-                            "portable": True})
-        return stamped({"spec": str(self.spec), "tensors": tensors, **whose(self.group)})
+        return state_for_world({"spec": str(self.spec)}, "tensors", self._aggregation.state_dict(), self.group,
+                               "gradzip.Aggregation", portable)
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""

@@ -11,10 +11,10 @@ before this door existed.
 """
 import torch
 
-from .checkpoint import CheckpointError, format_1_state, stamped
+from .checkpoint import CheckpointError, format_1_state
 from .options import bind_spec
 from .stats import _backend
-from .world_portable import portable_tensors, require_same_world, whose
+from .world_portable import require_same_world, state_for_world
 
 
 def state_dict(group=None, portable: bool = False) -> dict:
@@ -22,11 +22,8 @@ def state_dict(group=None, portable: bool = False) -> dict:
     this world size. portable=True: a collective over the group giving every rank the same
     dict, loadable at any world size (gradzip.world_portable)."""
     backend = _backend(group, "gradzip.state_dict")
-    tensors = backend.state_dict()
-    if portable:
-        return stamped({"spec": str(backend.spec), "tensors": portable_tensors(tensors, group, "gradzip.state_dict"),
-                        "portable": True})
-    return stamped({"spec": str(backend.spec), "tensors": tensors, **whose(group)})
+    return state_for_world({"spec": str(backend.spec)}, "tensors", backend.state_dict(), group, "gradzip.state_dict",
+                           portable)
 
 
 def load_state_dict(state: dict, group=None) -> None:

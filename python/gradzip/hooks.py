@@ -33,11 +33,11 @@ import torch.distributed as dist
 
 from ._extension import _C
 from ._transport import drain, transport_of, use_node_levels
-from .checkpoint import hook_state, require_same_spec, stamped
+from .checkpoint import hook_state, require_same_spec
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
 from .rank_agreement import describe, require_agreement
-from .world_portable import portable_tensors, require_same_world, whose
+from .world_portable import require_same_world, state_for_world
 
 
 class State:
@@ -99,11 +99,8 @@ class State:
         rank of this world size. portable=True: a collective over the group giving every
         rank the same dict, loadable at any world size (gradzip.world_portable)."""
         state = {"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration}
-        tensors = self._aggregation.state_dict()
-        if portable:
-            return stamped({**state, "state": portable_tensors(tensors, self.process_group, "gradzip.hooks"),
-                            "portable": True})
-        return stamped({**state, "state": tensors, **whose(self.process_group)})
+        return state_for_world(state, "state", self._aggregation.state_dict(), self.process_group, "gradzip.hooks",
+                               portable)
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""

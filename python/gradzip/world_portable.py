@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from ._transport import drain, transport_of
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, stamped
 
 _MEANS = ("residual", "velocity")
 _DROPPED = ("owner_residual", "owner_offset")
@@ -42,6 +42,14 @@ def whose(group) -> dict:
     if not dist.is_initialized():
         return {}
     return {"world_size": dist.get_world_size(group), "rank": dist.get_rank(group)}
+
+
+def state_for_world(state: dict, field: str, tensors: dict, group, door: str, portable: bool) -> dict:
+    """A door's state_dict(): `state` with its named `tensors` under `field`, stamped with this
+    rank and world size, or made portable (a collective) when `portable`."""
+    if portable:
+        return stamped({**state, field: portable_tensors(tensors, group, door), "portable": True})
+    return stamped({**state, field: tensors, **whose(group)})
 
 
 def portable_tensors(tensors: dict, group, door: str) -> dict:
@@ -77,15 +85,14 @@ def portable_tensors(tensors: dict, group, door: str) -> dict:
 
 
 def _require_same_layout(transport, mine: list, door: str) -> None:
-    """Every rank averages the same names and sizes (else the sum below would mismatch)."""
-    extremes = []
-    for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
-        value = torch.tensor(mine, dtype=torch.int64)
-        options = dist.AllreduceOptions()
-        options.reduceOp = op
-        transport.allreduce([value], options).wait()
-        extremes.append(value.tolist())
-    if extremes[0] != extremes[1]:
+    """Every rank averages the same names and sizes (else the sum below would mismatch): one
+    MAX of the values and their negations gives the largest and the smallest of each."""
+    both = torch.tensor(mine + [-v for v in mine], dtype=torch.int64)
+    options = dist.AllreduceOptions()
+    options.reduceOp = dist.ReduceOp.MAX
+    transport.allreduce([both], options).wait()
+    largest, smallest = both[:len(mine)], -both[len(mine):]
+    if not torch.equal(largest, smallest):
         raise CheckpointError(f"{door}: state_dict(portable=True) needs the same state on every rank, and the ranks "
                               "hold different tensors (another spec or model on some rank, or a rank that has "
                               "not aggregated yet)")
