@@ -6,6 +6,9 @@
     torchrun --standalone --nproc-per-node 8 benchmarks/train.py --methods decentralized
     sudo benchmarks/netns.sh --ranks 4 --rate 1gbit -- .venv/bin/python benchmarks/train.py \
         --model mlp --methods network --epochs 10 --max-steps 30 --target dense-0.005 --stop-at-target
+    torchrun --standalone --nproc-per-node 4 benchmarks/train.py --model mlp --methods network \
+        --epochs 20 --max-steps 30 --target dense-0.005 --target-window 3 --seeds 1 2 \
+        --step-times benchmarks/results/train.json --stop-at-target --out benchmarks/results/seeds
 
 Every method trains the same model (--model: "cnn", the small CNN of
 examples/fashion_mnist.py, or "mlp", a 784-3072-3072-10 MLP of 11.9M parameters whose
@@ -26,9 +29,10 @@ Per epoch: test accuracy, training wall time (evaluation excluded), and bytes se
 rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
 gradzip group). Before the methods, the compute-only step time (forward, backward and
 step without DDP, the slowest rank's) is measured: a method's step time over it shows
-how much communication it leaves unhidden. With --target, the table gives the training
-time at the first epoch whose accuracy reaches it. Rank 0 shows a progress bar, prints
-a table, writes JSON and two plots (accuracy against bytes, accuracy against time).
+how much communication it leaves unhidden. Rank 0 shows a progress bar, prints a table,
+writes JSON and two plots (accuracy against bytes, accuracy against time). The table
+says where the ranks ran: one per core (a real node's picture) or several per core
+(every pass a codec makes then adds to the step).
 
 Time to accuracy: --target dense-0.005 is the accuracy the first method ("none", dense)
 ends at, less half a point; --stop-at-target ends each later method at the first epoch
@@ -36,9 +40,18 @@ that reaches the target or whose training time has passed the first method's, ho
 many epochs that takes (a method no faster than dense gains nothing by running on).
 --target-window N judges both by the mean accuracy of the last N evaluations: at a
 constant learning rate one evaluation can sit a point above or below its neighbours,
-and would otherwise set the target or reach it by chance. Gradzip specs with momentum
-correction (a `momentum` key) move the momentum into the aggregation: their SGD runs
-without its own, as examples/train_fashion_mnist.py does.
+and would otherwise set the target or reach it by chance.
+
+Efficiency, the measure that holds on any machine: a method's time to the target over
+the communication-free ideal, dense's steps to that target times the compute-only step.
+--seeds 0 1 2 runs every method from each seed (each seed's target from its own dense
+run) and reports the steps to the target per seed and the mean efficiency. The steps do
+not depend on the network, so seeds can run on loopback with --step-times RUN.json
+pricing them at the step times and compute-only step of a shaped run. A warning says
+when dense's step is under 3x its compute: then the link does not dominate, and no
+compression can gain much. Gradzip specs with momentum correction (a `momentum` key)
+move the momentum into the aggregation: their SGD runs without its own, as
+examples/train_fashion_mnist.py does.
 """
 import argparse
 import json
@@ -170,7 +183,7 @@ def compute_only(args, data, rank):
     """Seconds per step of forward, backward and step without DDP (the slowest rank's,
     median of 10 steps after 2 of warm-up), every rank computing at once."""
     train_x, train_y = data[0], data[1]
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seeds[0])
     model = MODELS[args.model]()
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
@@ -189,12 +202,13 @@ def compute_only(args, data, rank):
     return sorted(times)[len(times) // 2]
 
 
-def train(name, args, data, rank, world, group, target=None, budget=None):
-    """Trains `name` for args.epochs epochs; with `target` and `budget`, until the first
-    epoch that reaches the target accuracy or ends past `budget` seconds, however many
+def train(name, seed, args, data, rank, world, group, target=None, budget=None, step_time=None):
+    """Trains `name` from `seed` for args.epochs epochs; with `target` and `budget`, until
+    the first epoch that reaches the target accuracy or ends past `budget` seconds (its
+    steps times `step_time` where given, else its own training time), however many
     epochs that takes."""
     train_x, train_y, test_x, test_y = data
-    torch.manual_seed(args.seed)
+    torch.manual_seed(seed)
     method = Method(name, group, args.lr)
     base = MODELS[args.model]()
     model, opt = method.wrap(base)
@@ -204,7 +218,7 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
     epoch = 0
     while epoch < args.epochs or target is not None:
         epoch += 1
-        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
+        order = torch.randperm(len(train_x), generator=torch.Generator().manual_seed(seed * 1000 + epoch))
         shard = order[rank::world]
         steps = min(len(shard) // args.batch_size, args.max_steps or len(shard))
         dist.barrier()
@@ -226,12 +240,13 @@ def train(name, args, data, rank, world, group, target=None, budget=None):
         dist.all_reduce(sent, op=dist.ReduceOp.MAX)
         scored = averaged(base, world, MODELS[args.model]) if method.gossip is not None else base
         accuracy = evaluate(scored, test_x, test_y, rank, world)
-        epochs.append({"epoch": epoch, "accuracy": accuracy, "seconds": elapsed, "bytes_sent": sent.item(),
-                       "step_seconds": elapsed / max(steps_done, 1)})
+        epochs.append({"epoch": epoch, "steps": steps_done, "accuracy": accuracy, "seconds": elapsed,
+                       "bytes_sent": sent.item(), "step_seconds": elapsed / max(steps_done, 1)})
         if rank == 0:
-            print(f"  {name:<52} epoch {epoch}: accuracy {accuracy:.2%}  time {elapsed:7.1f} s  "
+            print(f"  {name:<52} seed {seed} epoch {epoch}: accuracy {accuracy:.2%}  time {elapsed:7.1f} s  "
                   f"sent per rank {sent.item() / 1e6:9.2f} MB", flush=True)
-        if target is not None and (windowed(epochs, args.target_window)[-1] >= target or elapsed >= budget):
+        spent = steps_done * step_time if step_time is not None else elapsed
+        if target is not None and (windowed(epochs, args.target_window)[-1] >= target or spent >= budget):
             break
     return epochs
 
@@ -256,23 +271,92 @@ def windowed(epochs, window):
     return means
 
 
-def time_to(epochs, target, window=1):
-    """Training seconds at the first epoch whose accuracy (its mean over `window`
-    evaluations) reaches target, or None."""
-    if target is None:
-        return None
-    return next((e["seconds"] for e, a in zip(epochs, windowed(epochs, window)) if a >= target), None)
+def steps_to(epochs, target, window=1):
+    """Steps at the first epoch whose accuracy (its mean over `window` evaluations)
+    reaches target, or None."""
+    return next((e["steps"] for e, a in zip(epochs, windowed(epochs, window)) if a >= target), None)
 
 
-def plot(results, path, title):
+def summarize(runs, targets, compute, step_times, window):
+    """Per method, over the seeds: steps to each seed's target, the step time, and the
+    efficiency: time to the target over the communication-free ideal, dense's steps to
+    the same target times the compute-only step (`runs` holds each seed's methods, dense
+    first). A seed where a method misses its target makes its efficiency unknown."""
+    methods = list(next(iter(runs.values())))
+    dense = methods[0]
+    summary = {}
+    for name in methods:
+        steps = {seed: steps_to(by_method[name], targets[seed], window) for seed, by_method in runs.items()}
+        per_seed = {}
+        for seed, reached in steps.items():
+            ideal = steps_to(runs[seed][dense], targets[seed], window)
+            per_seed[seed] = reached * step_times[name] / (ideal * compute) if reached and ideal else None
+        known = [e for e in per_seed.values() if e is not None]
+        dense_steps = [steps_to(runs[seed][dense], targets[seed], window) for seed in runs]
+        ratios = [s / d for s, d in zip(steps.values(), dense_steps) if s and d]
+        summary[name] = {
+            "step_seconds": step_times[name], "steps_to_target": steps, "efficiency_per_seed": per_seed,
+            "efficiency": sum(known) / len(known) if len(known) == len(per_seed) else None,
+            "steps_over_dense": sum(ratios) / len(ratios) if len(ratios) == len(per_seed) else None,
+            "missed_seeds": [seed for seed, reached in steps.items() if reached is None],
+            "bytes_sent_per_step": max(by_method[name][-1]["bytes_sent"] / by_method[name][-1]["steps"]
+                                       for by_method in runs.values()),
+        }
+    return summary
+
+
+def shaped_step(shaped, name):
+    """A method's step time in an earlier run's JSON (--step-times)."""
+    try:
+        return shaped["step_seconds"][name]
+    except KeyError:
+        raise SystemExit(f"train.py: --step-times run has no step time for {name!r} "
+                         f"(it ran {', '.join(shaped['step_seconds'])})") from None
+
+
+def print_table(runs, summary, step_times, compute, targets, methods, title):
+    """Each method's step, steps to each seed's target, efficiency against the ideal."""
+    seeds = list(runs)
+    header = (f"{'method':<40} | {'accuracy':>8} | {'step':>7} | {'step/compute':>12} | "
+              f"{'steps to target (' + ' / '.join(map(str, seeds)) + ')':>24} | {'steps/dense':>11} | "
+              f"{'efficiency':>10} | {'vs dense':>8} | {'sent per step':>13}")
+    print(f"\n{title}\ntargets: " + ", ".join(f"seed {seed} {t:.2%}" if t is not None else f"seed {seed} none"
+                                         for seed, t in targets.items()))
+    print("efficiency: time to the target over the communication-free ideal (dense's steps to it times the "
+          "compute-only step), the mean over the seeds")
+    print(header)
+    print("-" * len(header))
+    dense_efficiency = summary[methods[0]]["efficiency"] if summary else None
+    for name in methods:
+        accuracy = sum(runs[seed][name][-1]["accuracy"] for seed in seeds) / len(seeds)
+        row = f"{name:<40} | {accuracy:>7.2%} | {step_times[name] * 1e3:>4.0f} ms | {step_times[name] / compute:>12.2f} | "
+        if summary is None:
+            row += f"{'-':>24} | {'-':>11} | {'-':>10} | {'-':>8}"
+        else:
+            m = summary[name]
+            steps = " / ".join(str(s) if s else "miss" for s in m["steps_to_target"].values())
+            over = f"{m['steps_over_dense']:.2f}" if m["steps_over_dense"] else "-"
+            eff = f"{m['efficiency']:.2f}" if m["efficiency"] else f"{len(m['missed_seeds'])} missed"
+            faster = f"{dense_efficiency / m['efficiency']:.2f}x" if m["efficiency"] and dense_efficiency else "-"
+            row += f"{steps:>24} | {over:>11} | {eff:>10} | {faster:>8}"
+        sent = max(runs[seed][name][-1]["bytes_sent"] / runs[seed][name][-1]["steps"] for seed in seeds)
+        print(row + f" | {sent / 1e6:>10.3f} MB")
+
+
+def plot(runs, path, title):
+    """Accuracy against bytes and against time, every seed (one colour per method)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-    for name, epochs in results.items():
-        accuracy = [100 * e["accuracy"] for e in epochs]
-        axes[0].plot([max(e["bytes_sent"], 1) / 1e6 for e in epochs], accuracy, marker="o", label=name)
-        axes[1].plot([e["seconds"] for e in epochs], accuracy, marker="o", label=name)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for s, (seed, by_method) in enumerate(runs.items()):
+        for i, (name, epochs) in enumerate(by_method.items()):
+            accuracy = [100 * e["accuracy"] for e in epochs]
+            style = {"color": colours[i % len(colours)], "marker": "o", "markersize": 3,
+                     "label": name if s == 0 else None, "alpha": 1.0 if s == 0 else 0.5}
+            axes[0].plot([max(e["bytes_sent"], 1) / 1e6 for e in epochs], accuracy, **style)
+            axes[1].plot([e["seconds"] for e in epochs], accuracy, **style)
     axes[0].set_xscale("log")
     axes[0].set_xlabel("MB sent per rank (log)")
     axes[1].set_xlabel("training time (s)")
@@ -294,7 +378,11 @@ def main():
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
                         help="cosine: each method's learning rate falls to zero over --epochs")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", "--seed", type=int, nargs="+", default=[0],
+                        help="run every method from each seed in turn; steps to the target are per seed")
+    parser.add_argument("--step-times", default=None,
+                        help="an earlier run's JSON (e.g. on the shaped link) whose step times and compute-only "
+                             "step price this run's steps (e.g. more seeds on loopback)")
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
     parser.add_argument("--target", default=None,
@@ -318,7 +406,7 @@ def main():
         parser.error("--target-window must be at least 1")
     # "dense-D": D below the first method's final accuracy, known once it has run.
     below_first = float(args.target[len("dense-"):]) if args.target and args.target.startswith("dense-") else None
-    target = float(args.target) if args.target is not None and below_first is None else None
+    fixed_target = float(args.target) if args.target is not None and below_first is None else None
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     gradzip.init_process_group("gloo")
@@ -332,50 +420,64 @@ def main():
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)
     compute = compute_only(args, data, rank)
+    cores = os.cpu_count()
+    placement = (f"{world} ranks, one per core" if world == cores else
+                 f"{world} ranks on {cores} cores" if world > cores else f"{world} ranks, {cores} cores")
     if rank == 0:
-        print(f"compute-only step ({args.model}): {compute * 1e3:.1f} ms", flush=True)
-    results = {}
-    for i, name in enumerate(methods):
-        gradzip.reset_stats(group)
-        stop = args.stop_at_target and i > 0 and target is not None
-        results[name] = train(name, args, data, rank, world, group, target if stop else None,
-                              results[methods[0]][-1]["seconds"] if stop else None)
-        if i == 0 and below_first is not None:
-            target = windowed(results[name], args.target_window)[-1] - below_first
-            if rank == 0:
-                print(f"  target: {name}'s final accuracy (mean of its last {args.target_window} evaluations) "
-                      f"less {below_first:g}: {target:.2%}", flush=True)
+        print(f"compute-only step ({args.model}, {placement}): {compute * 1e3:.1f} ms", flush=True)
+    shaped = json.loads(Path(args.step_times).read_text()) if args.step_times else None
+    runs, targets = {}, {}
+    for seed in args.seeds:
+        runs[seed] = {}
+        target = fixed_target
+        for i, name in enumerate(methods):
+            gradzip.reset_stats(group)
+            stop = args.stop_at_target and i > 0 and target is not None
+            budget = runs[seed][methods[0]][-1]["seconds"] if stop else None
+            if stop and shaped is not None:  # the first method's steps at the shaped run's step times
+                budget = runs[seed][methods[0]][-1]["steps"] * shaped_step(shaped, methods[0])
+            runs[seed][name] = train(name, seed, args, data, rank, world, group, target if stop else None, budget,
+                                     shaped_step(shaped, name) if stop and shaped is not None else None)
+            if i == 0 and below_first is not None:
+                target = windowed(runs[seed][name], args.target_window)[-1] - below_first
+                if rank == 0:
+                    print(f"  seed {seed} target: {name}'s final accuracy (mean of its last {args.target_window} "
+                          f"evaluations) less {below_first:g}: {target:.2%}", flush=True)
+        targets[seed] = target
 
     if rank == 0:
-        first = results[methods[0]]  # the reference: dense, where the run starts with it
-        dense = first[-1]["bytes_sent"] if methods[0].partition("@")[0] == "none" else None
-        none_to_target = time_to(first, target, args.target_window) if target else None
-        header = (f"{'method':<40} | {'accuracy':>8} | {'time':>8} | {'step':>8} | {'step/compute':>12} | "
-                  f"{'to target':>9} | {'speedup':>7} | {'sent per rank':>13} | {'fewer bytes':>11}")
-        print(f"\nlast epoch of each method; {args.model}; compute-only step {compute * 1e3:.1f} ms; "
-              f"target {target}; {platform.node()}, {os.cpu_count()} cores, {network}")
-        print(header)
-        print("-" * len(header))
-        for name, epochs in results.items():
-            last = epochs[-1]
-            fewer = f"{dense / max(last['bytes_sent'], 1):10.1f}x" if dense else "-"
-            reached = time_to(epochs, target, args.target_window)
-            to_target = f"{reached:7.1f} s" if reached is not None else "-"
-            speedup = f"{none_to_target / reached:6.2f}x" if reached and none_to_target else "-"
-            print(f"{name:<40} | {last['accuracy']:>7.2%} | {last['seconds']:>6.1f} s | "
-                  f"{last['step_seconds'] * 1e3:>5.0f} ms | {last['step_seconds'] / compute:>12.2f} | "
-                  f"{to_target:>9} | {speedup:>7} | {last['bytes_sent'] / 1e6:>10.2f} MB | {fewer:>11}")
+        if shaped is not None:
+            step_times = {name: shaped_step(shaped, name) for name in methods}
+            efficiency_compute = shaped["compute_only_step_seconds"]
+            timing = f"step times from {args.step_times} ({shaped['network']}, {shaped['placement']})"
+        else:
+            step_times = {name: sum(r[name][-1]["seconds"] for r in runs.values())
+                          / sum(r[name][-1]["steps"] for r in runs.values()) for name in methods}
+            efficiency_compute = compute
+            timing = f"step times from this run ({network})"
+        dense_bound = step_times[methods[0]] / efficiency_compute
+        if methods[0].partition("@")[0] == "none" and dense_bound < 3:
+            print(f"WARNING: dense's step is only {dense_bound:.2f}x the compute-only step: the link does not "
+                  "dominate here, so no compression can gain more than that; shape a slower link or run fewer "
+                  "ranks per core", flush=True)
+        summary = summarize(runs, targets, efficiency_compute, step_times, args.target_window) \
+            if all(t is not None for t in targets.values()) else None
+        print_table(runs, summary, step_times, efficiency_compute, targets, methods,
+                    f"{args.model}; {placement}; compute-only step {efficiency_compute * 1e3:.1f} ms; {timing}; "
+                    f"seeds {' '.join(map(str, args.seeds))}; {platform.node()}")
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"world_size": world, "model": args.model, "compute_only_step_seconds": compute, "target": target,
-                "epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                "lr_schedule": args.lr_schedule, "target_window": args.target_window,
-                "lrs": {name: Method.lr_of(name, args.lr) for name in results},
-                "seed": args.seed, "max_steps": args.max_steps, "network": network, "host": platform.node(),
-                "cores": os.cpu_count(), "torch": torch.__version__}
-        out.with_suffix(".json").write_text(json.dumps({**meta, "results": results}, indent=2))
-        plot(results, out.with_suffix(".png"),
-             f"Fashion-MNIST, {world} ranks, {network}, {platform.node()} ({os.cpu_count()} cores)")
+        meta = {"world_size": world, "cores": cores, "placement": placement, "model": args.model,
+                "compute_only_step_seconds": compute, "targets": targets, "epochs": args.epochs,
+                "batch_size": args.batch_size, "lr": args.lr, "lr_schedule": args.lr_schedule,
+                "target_window": args.target_window, "lrs": {name: Method.lr_of(name, args.lr) for name in methods},
+                "seeds": args.seeds, "max_steps": args.max_steps, "network": network, "step_times_from": args.step_times,
+                "host": platform.node(), "torch": torch.__version__}
+        out.with_suffix(".json").write_text(json.dumps(
+            {**meta, "summary": summary, "step_seconds": step_times,
+             "results": {name: {seed: runs[seed][name] for seed in runs} for name in methods}}, indent=2))
+        plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
+                                            f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")
         print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     dist.destroy_process_group()
 

@@ -201,14 +201,26 @@ def test_gpu_script_takes_a_python_and_debian_packages(tmp_path):
 
 
 def test_train_benchmark_quick(tmp_path):
-    out = run_script("benchmarks/train.py", "--quick", "--out", tmp_path / "train", workdir=tmp_path)
+    out = run_script("benchmarks/train.py", "--quick", "--seeds", "0", "1", "--target", "0.15",
+                     "--out", tmp_path / "train", workdir=tmp_path)
     result = json.loads((tmp_path / "train.json").read_text())
     assert list(result["results"]) == ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01",
                                        "gossip:topology=ring", "backend:sign"], out
-    assert result["compute_only_step_seconds"] > 0
-    for name, epochs in result["results"].items():
-        assert epochs[0]["accuracy"] > 0.15 and epochs[0]["bytes_sent"] > 0, (name, epochs)
-    sent = {name: epochs[0]["bytes_sent"] for name, epochs in result["results"].items()}
+    compute = result["compute_only_step_seconds"]
+    assert compute > 0 and result["placement"] in out
+    for name, by_seed in result["results"].items():
+        assert list(by_seed) == ["0", "1"], (name, out)
+        for epochs in by_seed.values():
+            assert epochs[0]["accuracy"] > 0.15 and epochs[0]["bytes_sent"] > 0 and epochs[0]["steps"] == 5, \
+                (name, epochs)
+        assert by_seed["0"] != by_seed["1"], name  # each seed its own run
+        # Every method reaches 15% in its first epoch, dense too: efficiency is then its
+        # step over the compute-only step, the same steps as dense.
+        summary = result["summary"][name]
+        step = sum(e[-1]["seconds"] for e in by_seed.values()) / sum(e[-1]["steps"] for e in by_seed.values())
+        assert summary["steps_to_target"] == {"0": 5, "1": 5} and summary["steps_over_dense"] == 1.0, summary
+        assert summary["efficiency"] == pytest.approx(step / compute), (summary, step, compute)
+    sent = {name: by_seed["0"][0]["bytes_sent"] for name, by_seed in result["results"].items()}
     assert sent["torch-fp16"] < sent["none"] and sent["stc:density=0.01"] < sent["none"]
     assert sent["backend:sign"] < sent["none"] / 8
     assert (tmp_path / "train.png").stat().st_size > 10_000
