@@ -60,6 +60,9 @@ def main():
         counters = gradzip.hooks.State(spec, model=model, optimizer=opt)
         model.register_comm_hook(counters, gradzip.hooks.hook)
         spec = counters.spec
+    else:
+        # The same at the backend: the group's aggregation takes the optimizer's momentum.
+        spec = gradzip.fold_momentum(opt)
     if rank == 0:
         params = sum(p.numel() for p in model.parameters())
         print(f"gradzip {gradzip.__version__}: {world} ranks, aggregation '{spec}', {params} parameters, "

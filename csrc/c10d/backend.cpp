@@ -1,5 +1,7 @@
 #include "c10d/gradzip_backend.h"
 
+#include <stdexcept>
+
 #include <c10/util/Exception.h>
 
 #include "aggregate/compressed_allreduce.h"
@@ -42,6 +44,24 @@ c10::intrusive_ptr<Backend> make_backend(int rank, int size, c10::intrusive_ptr<
                                          bool validate, std::chrono::milliseconds timeout) {
   return c10::make_intrusive<GradzipBackend>(rank, size, std::move(cpu_transport), std::move(cuda_transport), spec,
                                              validate, timeout);
+}
+
+void GradzipBackend::use_spec(const BoundSpec& spec) {
+  drain();
+  const auto held = aggregation_->state_dict();
+  if (!held.empty()) {
+    throw std::invalid_argument("gradzip: the group's aggregation '" + aggregation_->spec().str() +
+                                "' cannot become '" + spec.str() + "' after its first compressed all_reduce (it holds " +
+                                std::to_string(held.size()) + " state tensors): change it before training starts");
+  }
+  auto replacement = make_aggregation(spec);
+  for (const auto device : {c10::DeviceType::CPU, c10::DeviceType::CUDA}) {
+    const NodeLevels& levels = node_levels(device);
+    if (levels.node) replacement->use_node_levels(transport(device), levels);
+  }
+  aggregation_ = std::move(replacement);
+  compress_reduce_scatter_ = compresses_reduce_scatter(spec);
+  exact_only_ = spec.name() == "allreduce";
 }
 
 void GradzipBackend::use_node_levels(c10::DeviceType device, NodeLevels levels) {

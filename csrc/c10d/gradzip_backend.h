@@ -44,6 +44,7 @@ class GradzipBackend final : public Backend {
 
   Aggregation& aggregation() override { return *aggregation_; }
   const Aggregation& aggregation() const override { return *aggregation_; }
+  void use_spec(const BoundSpec& spec) override;
   const c10::intrusive_ptr<c10d::Backend>& transport(c10::DeviceType device) const override {
     return device == c10::DeviceType::CUDA ? cuda_ : cpu_;
   }

@@ -23,6 +23,9 @@ void bind_backend(py::module_& m) {
            py::arg("spec"), py::arg("validate"), py::arg("timeout"),
            py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("spec", [](const gradzip::Backend& b) { return b.aggregation().spec(); })
+      .def("use_spec", &gradzip::Backend::use_spec, py::arg("spec"), py::call_guard<py::gil_scoped_release>(),
+           "Replaces the aggregation with one of `spec` before it holds state (gradzip.fold_momentum); every rank "
+           "must give the same spec.")
       .def_property_readonly("validates", &gradzip::Backend::validates)
       .def_property_readonly("has_cuda_transport", &gradzip::Backend::has_cuda_transport)
       .def("stats", [](gradzip::Backend& b) { return stats_to_python(b.stats()); })

@@ -25,6 +25,12 @@ class Backend : public c10d::Backend {
 
   virtual Aggregation& aggregation() = 0;
   virtual const Aggregation& aggregation() const = 0;
+  // Replaces the aggregation with one made from `spec`, once every all_reduce issued
+  // before has finished, before the aggregation holds state (its state_dict() empty;
+  // else std::invalid_argument): a script that learns its optimizer after the group is
+  // made (gradzip.fold_momentum). The node levels given before carry over. Every rank
+  // must give the same spec; the caller checks that.
+  virtual void use_spec(const BoundSpec& spec) = 0;
   // The transport for a device type (CPU or CUDA); null when there is none.
   virtual const c10::intrusive_ptr<c10d::Backend>& transport(c10::DeviceType device) const = 0;
   virtual bool validates() const = 0;

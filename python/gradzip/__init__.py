@@ -21,6 +21,7 @@ from .options import Options, Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, set_loss_scale, stats
 from .group_state import load_state_dict, state_dict
+from .momentum_folding import fold_momentum
 from . import checkpoint, codec, diloco, hooks, mpi
 from .aggregation import Aggregation, exchange_plan
 from .topology import Topology
@@ -72,6 +73,6 @@ __all__ = [
     "Aggregation", "Options", "PayloadError", "Spec", "SpecError", "Topology", "aggregations", "build_info",
     "canonical_spec", "checkpoint",
     "codec",
-    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fsdp", "hooks", "init_process_group", "launch_environment", "load_state_dict", "mpi",
+    "cuda_architectures", "cuda_built", "diloco", "exchange_plan", "fold_momentum", "fsdp", "hooks", "init_process_group", "launch_environment", "load_state_dict", "mpi",
     "register", "reset_stats", "set_loss_scale", "state_dict", "stats",
 ]

@@ -63,3 +63,30 @@ def fold_optimizer_momentum(spec: Spec, optimizer, door: str, density_warmup: in
         for p in group["params"]:
             optimizer.state.get(p, {}).pop("momentum_buffer", None)
     return folded
+
+
+def fold_momentum(optimizer, group=None) -> Spec:
+    """The backend door's momentum correction: moves `optimizer`'s SGD momentum into the
+    aggregation of `group` (a gradzip process group; default: the default group), as
+    gradzip.hooks.State(optimizer=...) does at the hook, with its density warm-up. A
+    training script calls it once, on every rank, after making its optimizer and before
+    the group's first compressed all_reduce (and before loading a checkpoint of the
+    group's state, which names the folded spec). Returns the group's spec, folded or, when
+    there is nothing to fold (see fold_optimizer_momentum), unchanged. Raises ValueError
+    when the ranks fold differently (their specs would then differ) and RuntimeError once
+    the group holds state."""
+    from .rank_agreement import describe, require_agreement
+    from .stats import _backend
+
+    backend = _backend(group, "gradzip.fold_momentum")
+    current = bind_spec(str(backend.spec))
+    held = len(backend.state_dict())
+    if held:  # before the optimizer is touched
+        raise RuntimeError(f"gradzip.fold_momentum: the group's aggregation '{current}' already holds state for "
+                           f"{held} tensor fields: call it before the group's first compressed all_reduce")
+    folded = fold_optimizer_momentum(current, optimizer, "gradzip.fold_momentum", HOOK_DENSITY_WARMUP)
+    cpu = backend.transport("cpu")
+    require_agreement(cpu, cpu.size(), describe(f"spec '{folded}' (gradzip.fold_momentum)"))
+    if folded is not current:
+        backend.use_spec(folded)
+    return folded

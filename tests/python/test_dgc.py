@@ -282,3 +282,53 @@ def test_density_warmup_sends_its_stages_after_the_exact_warmup():
     expected += [gradzip.exchange_plan("topk:density=0.01,exchange=oneshot", n, world)["oneshot"]] * 2
     for sent, _ in outs:
         assert sent == expected
+
+
+def backend_training(rank, world, spec, momentum, fold):
+    """Five SGD steps of a small DDP model over a gradzip group of `spec` (the backend door),
+    the optimizer's momentum folded in by gradzip.fold_momentum or not; then what
+    fold_momentum refuses: a group that already holds state, ranks that fold different
+    momenta, a group that is not gradzip's."""
+    import gradzip
+    gradzip.init_process_group("gradzip", pg_options=gradzip.Options(aggregation=spec))
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum, weight_decay=1e-4)
+    folded = gradzip.fold_momentum(opt) if fold else None
+    for step in range(5):
+        x = torch.randn(16, 40, generator=torch.Generator().manual_seed(100 * step + rank))
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+    refusals = []
+    again = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for group, optimizer in [(dist.group.WORLD, again),
+                             (dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec)),
+                              torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9 if rank == 0 else 0.5)),
+                             (dist.new_group(backend="gloo"), again)]:
+        try:
+            gradzip.fold_momentum(optimizer, group)
+            refusals.append(None)
+        except (RuntimeError, ValueError) as error:
+            refusals.append((type(error).__name__, str(error)))
+    return [p.detach().clone() for p in model.parameters()], str(folded), opt.param_groups[0]["momentum"], \
+        again.param_groups[0]["momentum"], refusals
+
+
+def test_the_backend_folds_the_optimizers_momentum_when_the_script_asks():
+    """gradzip.fold_momentum(opt) at the backend runs as the spec with momentum=0.9 and the
+    density warm-up, the optimizer without momentum, bit for bit; it refuses a group that
+    holds state (the optimizer left untouched), ranks that fold differently, and a Gloo group."""
+    import gradzip
+    folded = run_ranks(backend_training, 2, "stc:density=0.05", 0.9, True)
+    by_hand = run_ranks(backend_training, 2, "stc:density=0.05,momentum=0.9,density_warmup=20", 0.0, False)
+    for rank in range(2):
+        (params, spec, left, untouched, refusals), (expected, *_) = folded[rank], by_hand[rank]
+        assert spec == str(gradzip.Spec("stc:density=0.05,momentum=0.9,density_warmup=20")) and left == 0.0
+        assert all(torch.equal(a, b) for a, b in zip(params, expected))
+        held, disagree, gloo = refusals
+        assert held[0] == "RuntimeError" and "already holds state" in held[1] and untouched == 0.9, held
+        assert disagree[0] == "ValueError" and "configured differently" in disagree[1] and \
+            "momentum=0.5" in disagree[1] and "momentum=0.9" in disagree[1], disagree
+        assert gloo[0] == "ValueError" and "not 'gradzip'" in gloo[1], gloo
