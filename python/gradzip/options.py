@@ -26,7 +26,8 @@ class Options:
     aggregation: the spec of what ``all_reduce`` runs. Default: ``$GRADZIP_AGGREGATION``,
         else ``"allreduce"`` (exact, the transport's own all-reduce).
     validate: before each collective, all ranks confirm they made the same call with
-        tensors of the same dtype and size (one small allgather), so a mismatch is an
+        tensors of the same dtype and size (one small all-to-all of fingerprints, or a
+        board in shared memory when every rank is on one host), so a mismatch is an
         error on every rank instead of an aborted process or a hang. Default:
         ``$GRADZIP_VALIDATE``, else on.
     transport: what carries CPU tensors: ``"mpi"`` (gradzip.mpi, over the Open MPI or
