@@ -1,0 +1,30 @@
+// Momentum correction (DGC), internal to csrc/aggregate: the velocity's two steps around a
+// compressed encode, for the all-reduce and the reduce-scatter.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "aggregate/compressed_allreduce.h"
+
+namespace gradzip {
+
+// Momentum correction, before the encode: u ← m·u + x becomes what is encoded. With
+// `masking` (selection codecs) the velocity is zeroed where the encode sends something
+// (factor masking, mask_momentum): on the host the encoders report those positions into
+// `sent` (call.ctx.sent); on a device, where they do not, this returns what the worker
+// residual will hold where nothing is sent (residual + u), to find them by.
+at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key,
+                        bool masking, std::vector<int64_t>& sent);
+
+// Factor masking, after the encode: u is zeroed where the encode sent something. On the
+// host at the positions the encoders reported: a tensor of pieces (layer-aware) reports
+// only from the pieces whose codec selects, so a piece sent whole (a small one, exact)
+// keeps u, as momentum SGD's buffer, where masking would reset it every step and leave
+// that parameter no momentum at all. On a device (one codec, which selects) where the
+// residual no longer holds residual + u (`unsent`).
+void mask_momentum(CompressedState& state, const ExchangeCall& call, const at::Tensor& unsent,
+                   const std::vector<int64_t>& sent);
+
+}  // namespace gradzip
