@@ -3,7 +3,8 @@
     python examples/train_torchft.py --steps 300 --kill-at 100
 
 starts a torchft lighthouse and two replica groups of one rank each (this script again, with
---replica-id), each training a small MLP on its own batches; with --kill-at K replica 1
+--replica-id), each training a small MLP on its own batches, started together once both have
+imported torch and loaded the data; with --kill-at K replica 1
 SIGKILLs itself inside step K (after the quorum, before its gradients are sent), so the
 survivor's step K fails and is not committed; a standby replica 1, started beforehand and
 waiting with torch imported, then joins, heals from the survivor and trains on. It prints
@@ -125,7 +126,8 @@ def run(args) -> dict:
                                    "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "1000",
                                    "--quorum_tick_ms", "100"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     events, threads, lock = [], [], threading.Lock()
-    go = Path(tempfile.mkdtemp()) / "go"
+    files = tempfile.TemporaryDirectory()
+    ready, go = Path(files.name) / "ready", Path(files.name) / "go"
 
     def start(replica_id: int, *extra: str) -> subprocess.Popen:
         command = [sys.executable, __file__, "--replica-id", str(replica_id), "--lighthouse", f"http://localhost:{port}",
@@ -144,21 +146,29 @@ def run(args) -> dict:
         threads.append(thread)
         return process
 
-    began = time.time()
+    began, processes = time.time(), []
     try:
-        processes = [start(0), start(1, *(["--die-at", str(args.kill_at)] if args.kill_at else []))]
+        processes += [start(0, "--wait-for", str(ready)),
+                     start(1, "--wait-for", str(ready), *(["--die-at", str(args.kill_at)] if args.kill_at else []))]
         if args.kill_at:
             processes.append(start(1, "--wait-for", str(go)))
+        while sum(e["event"] == "standby" for e in list(events)) < len(processes):  # torch imported, data loaded
+            if any(p.poll() is not None for p in processes):
+                raise SystemExit("train_torchft.py: a replica exited before training")
+            time.sleep(0.05)
+        ready.touch()  # the two replicas start together
+        if args.kill_at:
             processes[1].wait()
             time.sleep(args.restart_delay)
             go.touch()
         codes = [p.wait() for p in processes]
     finally:
-        for p in [lighthouse, *(processes if "processes" in locals() else [])]:
+        for p in [lighthouse, *processes]:
             if p.poll() is None:
                 p.kill()
         for thread in threads:
             thread.join()
+        files.cleanup()
     finals = {e["replica"]: e for e in events if e["event"] == "final"}
     summary = {"spec": args.spec, "steps": args.steps, "seed": args.seed, "wall_s": time.time() - began,
                "exit_codes": codes, "final": [finals.get(r) for r in (0, 1)]}
