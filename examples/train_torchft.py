@@ -110,7 +110,10 @@ def _lost_to_failure(events: list) -> dict:
     after = survivor[survivor.index(failed) + 1]
     joined = next(e for e in events if e["event"] == "join" and e["t"] > died["t"])
     first = next(e for e in events if e["event"] == "step" and e["replica"] == 1 and e["t"] > joined["t"])
-    beside = next(e for e in survivor if e["step"] == first["step"])
+    beside = next((e for e in survivor if e["step"] == first["step"]), None)
+    if beside is None:
+        raise SystemExit("train_torchft.py: the survivor finished before the new replica joined: "
+                         "more --steps, a shorter --restart-delay or a longer --step-time")
     return {"failed_step": failed["step"], "detection_s": failed["t"] - died["t"],
             "reconfiguration_s": after["quorum_s"], "alone_steps": first["step"] - failed["step"],
             "healing_joiner_quorum_s": first["quorum_s"], "healing_survivor_quorum_s": beside["quorum_s"],
