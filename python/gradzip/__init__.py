@@ -58,7 +58,7 @@ def __getattr__(name):
     # only on first use. gradzip.torchft imports torchft, an optional dependency.
     if name in ("fsdp", "torchft"):
         import importlib
-        return importlib.import_module(".fsdp", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'gradzip' has no attribute '{name}'")
 
 
