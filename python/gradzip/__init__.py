@@ -55,10 +55,10 @@ def cuda_architectures() -> list:
 
 def __getattr__(name):
     # gradzip.fsdp imports FSDP and DTensor (about a second, a third of `import gradzip`):
-    # only on first use.
-    if name == "fsdp":
+    # only on first use. gradzip.torchft imports torchft, an optional dependency.
+    if name in ("fsdp", "torchft"):
         import importlib
-        return importlib.import_module(".fsdp", __name__)
+        return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module 'gradzip' has no attribute '{name}'")
 
 

@@ -11,6 +11,15 @@ def _backend(group, device: torch.device):
     return group._get_backend(torch.device(device.type))
 
 
+def size_and_rank(group) -> tuple:
+    """(size, rank) of this rank in `group` (None: the default group). A group object is asked
+    itself, so that groups torch.distributed did not make with new_group (torchft's per-quorum
+    groups, which it does not register) work alike."""
+    if group is None:
+        return dist.get_world_size(), dist.get_rank()
+    return group.size(), group.rank()
+
+
 def drain(group, device: torch.device):
     """Waits for the all-reduces queued on a gradzip group's worker (nothing for other
     groups), so that a caller about to use its inner transport directly cannot overtake

@@ -20,6 +20,11 @@ its buckets after the first iteration, so the first `start_iter` iterations go e
 compressed state starts after them. The returned future holds the bucket's buffer, as
 PyTorch's own hooks do.
 
+Membership changes (a fault-tolerant job such as torchft's, gradzip.torchft):
+State.set_process_group() moves the State to the next membership's group, rescaling its
+error feedback by the rule there; peer_state_dict() is what a replica joining the job takes
+from a peer (counters, no residuals); snapshot() / restore() undo a step the job discards.
+
 Resuming: State.state_dict() / load_state_dict(). A new DDP starts with its initial
 bucket layout again, so per-bucket residuals no longer line up in the resumed job's
 first iteration; with State(..., model=ddp) they are kept per parameter and a resumed
@@ -32,8 +37,8 @@ import torch
 import torch.distributed as dist
 
 from ._extension import _C
-from ._transport import drain, transport_of, use_node_levels
-from .checkpoint import hook_state, require_same_spec
+from ._transport import drain, size_and_rank, transport_of, use_node_levels
+from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
 from .rank_agreement import describe, require_agreement
@@ -111,6 +116,75 @@ class State:
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
         self._aggregation.load_state_dict(state["state"])
 
+    def set_process_group(self, group, previous_size: int = None) -> float:
+        """Aggregates over `group` from the next bucket on: the group of a new membership (a
+        torchft quorum), which torch.distributed need not know. Every rank of `group` must call
+        it before the same step: the next compressed bucket checks again, on `group`, that its
+        ranks run the same spec (a collective, as at the first compressed bucket).
+
+        previous_size: the number of ranks W the error feedback was accumulated over (None:
+        leave it as it is: a State that has not aggregated, or one that took a peer's state).
+        When the new group's size W' differs, each residual and velocity is multiplied by W'/W,
+        so that the ranks that stay keep their share of the update not yet applied:
+        (1/W')·Σ e' over them equals (1/W)·Σ e over them (a rank that joins holds zeros). The
+        two-phase owners' residuals (exchange=twophase: chunk bounds move with the size) are
+        dropped. Returns the L1 mass of what was dropped (0.0 when nothing was)."""
+        self.process_group = group
+        self._node_levels_asked = False
+        size = size_and_rank(group)[0]
+        if previous_size is None or previous_size == size:
+            return 0.0
+        kept, dropped = {}, 0.0
+        for name, value in self._aggregation.state_dict().items():
+            field = name.rsplit("/", 1)[-1]
+            if field in ("residual", "velocity"):
+                kept[name] = value * (size / previous_size)
+            elif field in ("owner_residual", "owner_offset"):
+                dropped += float(value.abs().sum()) if field == "owner_residual" else 0.0
+            else:
+                kept[name] = value
+        self._aggregation.load_state_dict(kept)
+        return dropped
+
+    def residual_mass(self) -> float:
+        """The L1 norm of this rank's error feedback not yet sent: its residuals and, with
+        exchange=twophase, its owners' residuals (0.0 before the first compressed step)."""
+        return sum(float(value.abs().sum()) for name, value in self._aggregation.state_dict().items()
+                   if name.rsplit("/", 1)[-1] in ("residual", "owner_residual"))
+
+    def peer_state_dict(self) -> dict:
+        """What a rank joining the job (a healed torchft replica) takes from this one: the spec,
+        the iteration counters and every key's counters (calls, step, chosen level, loss
+        scale), so that it compresses exactly as this rank does from the next step, with its
+        residuals and velocities zero: they are this rank's own mass not yet sent, which the
+        group's average still owes through this rank, and a copy would send it twice. The
+        two-phase owners' residuals are left out. Unstamped (no rank, no world size), so any
+        rank's load_state_dict() takes it; its tensors are copies (as every state_dict()'s), safe
+        to serve while this rank goes on training."""
+        tensors = {}
+        for name, value in self._aggregation.state_dict().items():
+            field = name.rsplit("/", 1)[-1]
+            if field in ("residual", "velocity"):
+                tensors[name] = torch.zeros_like(value)
+            elif field not in ("owner_residual", "owner_offset"):
+                tensors[name] = value
+        return stamped({"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
+                        "state": tensors})
+
+    def snapshot(self) -> dict:
+        """This rank's state as it is now (a state_dict() of copies, not stamped), for
+        restore(): taken before a step that may be discarded. Costs one copy of the error
+        feedback (the aggregation's state_dict() copies its tensors)."""
+        return stamped({"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
+                        "state": self._aggregation.state_dict()})
+
+    def restore(self, snapshot: dict) -> None:
+        """Puts back a snapshot() of this State: the residuals, velocities and counters are bit
+        for bit what they were, as if the steps since had not run (their bytes stay counted
+        in stats())."""
+        self.start_iter, self.iteration = snapshot["start_iter"], snapshot["iteration"]
+        self._aggregation.load_state_dict(snapshot["state"])
+
     def __getstate__(self):  # pickling drops the process group, as PowerSGDState does
         return self.state_dict()
 
@@ -147,7 +221,7 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
             # group's queued calls drained: the ranks check that they run the same spec, and
             # the groups of the nodes can be made.
             state._node_levels_asked = True
-            require_agreement(transport, dist.get_world_size(state.process_group),
+            require_agreement(transport, size_and_rank(state.process_group)[0],
                               describe(f"spec '{state.spec}'"), buffer.device)
             use_node_levels(state._aggregation, state.spec, state.process_group, transport, buffer.device)
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)

@@ -26,7 +26,7 @@ import zlib
 import torch
 import torch.distributed as dist
 
-from ._transport import drain, transport_of
+from ._transport import drain, size_and_rank, transport_of
 from .checkpoint import CheckpointError, stamped
 
 _MEANS = ("residual", "velocity")
@@ -39,9 +39,10 @@ def _field(name: str) -> str:
 
 def whose(group) -> dict:
     """The "world_size" and "rank" a rank's own state_dict() is stamped with."""
-    if not dist.is_initialized():
+    if group is None and not dist.is_initialized():
         return {}
-    return {"world_size": dist.get_world_size(group), "rank": dist.get_rank(group)}
+    size, rank = size_and_rank(group)
+    return {"world_size": size, "rank": rank}
 
 
 def state_for_world(state: dict, field: str, tensors: dict, group, door: str, portable: bool) -> dict:
@@ -55,8 +56,7 @@ def state_for_world(state: dict, field: str, tensors: dict, group, door: str, po
 def portable_tensors(tensors: dict, group, door: str) -> dict:
     """Collective over `group`: `tensors` (one rank's "<key>/<field>" state) under the rule
     above, the same on every rank. Every rank must hold the same names."""
-    group = group if group is not None else dist.group.WORLD
-    world = dist.get_world_size(group)
+    world = size_and_rank(group)[0]
     dropped = sorted(name for name in tensors if _field(name) in _DROPPED or _field(name).startswith("public_copy_"))
     averaged = sorted(name for name in tensors if _field(name) in _MEANS)
     drain(group, torch.device("cpu"))
@@ -100,9 +100,9 @@ def _require_same_layout(transport, mine: list, door: str) -> None:
 
 def require_same_world(state: dict, group, door: str) -> None:
     """Refuses a rank's own (not portable) state_dict() at another world size or rank."""
-    if state.get("portable") or "world_size" not in state or not dist.is_initialized():
-        return
     here = whose(group)
+    if state.get("portable") or "world_size" not in state or not here:
+        return
     if (state["world_size"], state["rank"]) != (here["world_size"], here["rank"]):
         raise CheckpointError(
             f"{door}: this checkpoint holds the error feedback of rank {state['rank']} of {state['world_size']}, "
