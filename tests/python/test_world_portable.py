@@ -130,3 +130,52 @@ def mismatched(rank, world):
 def test_ranks_holding_different_state_are_refused_before_any_sum():
     for message in run_ranks(mismatched, 2):
         assert "needs the same state on every rank" in message
+
+
+def membership_change(rank, world):
+    """A State after 5 steps on 2 ranks moved to a group of rank 0 alone (a torchft quorum
+    that lost rank 1): what set_process_group, peer_state_dict, snapshot and restore do to
+    its error feedback."""
+    import gradzip
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4)))
+    state = gradzip.hooks.State(SPEC + ",exchange=twophase", model=ddp)  # 2048 elements: compressed, not exact
+    ddp.register_comm_hook(state, gradzip.hooks.hook)
+    train(ddp, rank, 5)
+    before = state.state_dict()["state"]
+    alone = dist.new_group([0])
+    if rank != 0:
+        return None
+    peer = state.peer_state_dict()
+    snapshot = state.snapshot()
+    owners = sum(float(v.abs().sum()) for k, v in before.items() if k.endswith("/owner_residual"))
+    dropped = state.set_process_group(alone, previous_size=2)
+    after = state.state_dict()["state"]
+    moved = dict(after)
+    state.restore(snapshot)
+    restored = state.state_dict()["state"]
+    state.set_process_group(alone, previous_size=2)
+    return before, peer, owners, dropped, moved, restored, state.residual_mass()
+
+
+def test_a_membership_change_rescales_the_error_feedback_and_a_peer_gives_no_residuals():
+    """set_process_group(group, previous_size=W) multiplies each residual and velocity by
+    W'/W and drops the two-phase owners' residuals, returning their L1 mass; a peer's state
+    has zero residuals and velocities and the same counters; restore() puts a snapshot back
+    bit for bit."""
+    before, peer, owners, dropped, moved, restored, mass = run_ranks(membership_change, 2)[0]
+    rescaled = [k for k in before if k.endswith(("/residual", "/velocity"))]
+    assert rescaled and any(before[k].abs().sum() > 0 for k in rescaled)
+    for k in rescaled:
+        assert torch.equal(moved[k], before[k] * 0.5), k
+    assert owners > 0 and dropped == pytest.approx(owners)
+    assert not any(k.endswith(("/owner_residual", "/owner_offset")) for k in moved)
+    for k, v in peer["state"].items():
+        if k.endswith(("/residual", "/velocity")):
+            assert not v.any(), k
+        else:
+            assert torch.equal(v, before[k]), k
+    assert "rank" not in peer and "world_size" not in peer
+    assert before.keys() == restored.keys() and all(torch.equal(before[k], restored[k]) for k in before)
+    assert mass == pytest.approx(sum(float(moved[k].abs().sum()) for k in moved if k.endswith("/residual")))
