@@ -283,17 +283,14 @@ def summarize(runs, targets, compute, step_times, window):
     the same target times the compute-only step (`runs` holds each seed's methods, dense
     first). A seed where a method misses its target makes its efficiency unknown."""
     methods = list(next(iter(runs.values())))
-    dense = methods[0]
+    dense_steps = {seed: steps_to(by_method[methods[0]], targets[seed], window) for seed, by_method in runs.items()}
     summary = {}
     for name in methods:
         steps = {seed: steps_to(by_method[name], targets[seed], window) for seed, by_method in runs.items()}
-        per_seed = {}
-        for seed, reached in steps.items():
-            ideal = steps_to(runs[seed][dense], targets[seed], window)
-            per_seed[seed] = reached * step_times[name] / (ideal * compute) if reached and ideal else None
+        per_seed = {seed: reached * step_times[name] / (dense_steps[seed] * compute)
+                    if reached and dense_steps[seed] else None for seed, reached in steps.items()}
         known = [e for e in per_seed.values() if e is not None]
-        dense_steps = [steps_to(runs[seed][dense], targets[seed], window) for seed in runs]
-        ratios = [s / d for s, d in zip(steps.values(), dense_steps) if s and d]
+        ratios = [steps[seed] / dense_steps[seed] for seed in runs if steps[seed] and dense_steps[seed]]
         summary[name] = {
             "step_seconds": step_times[name], "steps_to_target": steps, "efficiency_per_seed": per_seed,
             "efficiency": sum(known) / len(known) if len(known) == len(per_seed) else None,

@@ -42,7 +42,7 @@ from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
 from .rank_agreement import describe, require_agreement
-from .world_portable import require_same_world, state_for_world
+from .world_portable import MASS_FIELDS, WORLD_BOUND_FIELDS, field_of, l1_mass, require_same_world, state_for_world
 
 
 class State:
@@ -134,23 +134,18 @@ class State:
         size = size_and_rank(group)[0]
         if previous_size is None or previous_size == size:
             return 0.0
-        kept, dropped = {}, 0.0
-        for name, value in self._aggregation.state_dict().items():
-            field = name.rsplit("/", 1)[-1]
-            if field in ("residual", "velocity"):
-                kept[name] = value * (size / previous_size)
-            elif field in ("owner_residual", "owner_offset"):
-                dropped += float(value.abs().sum()) if field == "owner_residual" else 0.0
-            else:
-                kept[name] = value
-        self._aggregation.load_state_dict(kept)
-        return dropped
+        tensors = self._aggregation.state_dict()
+        self._aggregation.load_state_dict({
+            name: value * (size / previous_size) if field_of(name) in MASS_FIELDS else value
+            for name, value in tensors.items() if field_of(name) not in WORLD_BOUND_FIELDS})
+        return l1_mass(tensors, ("owner_residual",))
 
-    def residual_mass(self) -> float:
+    def residual_mass(self, snapshot: dict = None) -> float:
         """The L1 norm of this rank's error feedback not yet sent: its residuals and, with
-        exchange=twophase, its owners' residuals (0.0 before the first compressed step)."""
-        return sum(float(value.abs().sum()) for name, value in self._aggregation.state_dict().items()
-                   if name.rsplit("/", 1)[-1] in ("residual", "owner_residual"))
+        exchange=twophase, its owners' residuals (0.0 before the first compressed step); of
+        `snapshot` (a snapshot() of this State) when given, without copying the state again."""
+        tensors = snapshot["state"] if snapshot is not None else self._aggregation.state_dict()
+        return l1_mass(tensors, ("residual", "owner_residual"))
 
     def peer_state_dict(self) -> dict:
         """What a rank joining the job (a healed torchft replica) takes from this one: the spec,
@@ -161,13 +156,9 @@ class State:
         two-phase owners' residuals are left out. Unstamped (no rank, no world size), so any
         rank's load_state_dict() takes it; its tensors are copies (as every state_dict()'s), safe
         to serve while this rank goes on training."""
-        tensors = {}
-        for name, value in self._aggregation.state_dict().items():
-            field = name.rsplit("/", 1)[-1]
-            if field in ("residual", "velocity"):
-                tensors[name] = torch.zeros_like(value)
-            elif field not in ("owner_residual", "owner_offset"):
-                tensors[name] = value
+        tensors = {name: torch.zeros_like(value) if field_of(name) in MASS_FIELDS else value
+                   for name, value in self._aggregation.state_dict().items()
+                   if field_of(name) not in WORLD_BOUND_FIELDS}
         return stamped({"spec": str(self.spec), "start_iter": self.start_iter, "iteration": self.iteration,
                         "state": tensors})
 

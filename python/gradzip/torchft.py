@@ -59,11 +59,6 @@ def _done(tensor: torch.Tensor) -> torch.futures.Future:
     return future
 
 
-def _residual_l1(snapshot: dict) -> float:
-    return sum(float(value.abs().sum()) for name, value in snapshot["state"].items()
-               if name.rsplit("/", 1)[-1] in ("residual", "owner_residual"))
-
-
 class DistributedDataParallel(_TorchDDP):
     """`module` trained by one torchft replica group, its gradients averaged across the
     quorum's replicas by gradzip's hook with the aggregation `spec`.
@@ -143,7 +138,7 @@ class DistributedDataParallel(_TorchDDP):
             self._ft_group = group
         snapshot = self.gradzip_state.snapshot()
         self._ft_snapshot = (manager.current_step(), snapshot)
-        mine = torch.tensor([_residual_l1(snapshot)], dtype=torch.float64, device=device)
+        mine = torch.tensor([self.gradzip_state.residual_mass(snapshot)], dtype=torch.float64, device=device)
         every = [torch.empty_like(mine) for _ in range(group.size())]
         group.allgather([every], [mine]).wait()
         self._ft_masses = torch.cat(every).cpu()

@@ -29,12 +29,20 @@ import torch.distributed as dist
 from ._transport import drain, size_and_rank, transport_of
 from .checkpoint import CheckpointError, stamped
 
-_MEANS = ("residual", "velocity")
-_DROPPED = ("owner_residual", "owner_offset")
+# A rank's own mass not yet applied, by field of "<key>/<field>".
+MASS_FIELDS = ("residual", "velocity")
+# The two-phase owners' state: bound to the world size its chunks were cut for.
+WORLD_BOUND_FIELDS = ("owner_residual", "owner_offset")
 
 
-def _field(name: str) -> str:
+def field_of(name: str) -> str:
+    """The field of a state name "<key>/<field>"."""
     return name.rsplit("/", 1)[-1]
+
+
+def l1_mass(tensors: dict, fields) -> float:
+    """The L1 norm of the state tensors whose field is one of `fields`."""
+    return sum(float(value.abs().sum()) for name, value in tensors.items() if field_of(name) in fields)
 
 
 def whose(group) -> dict:
@@ -57,15 +65,16 @@ def portable_tensors(tensors: dict, group, door: str) -> dict:
     """Collective over `group`: `tensors` (one rank's "<key>/<field>" state) under the rule
     above, the same on every rank. Every rank must hold the same names."""
     world = size_and_rank(group)[0]
-    dropped = sorted(name for name in tensors if _field(name) in _DROPPED or _field(name).startswith("public_copy_"))
-    averaged = sorted(name for name in tensors if _field(name) in _MEANS)
+    dropped = sorted(name for name in tensors
+                     if field_of(name) in WORLD_BOUND_FIELDS or field_of(name).startswith("public_copy_"))
+    averaged = sorted(name for name in tensors if field_of(name) in MASS_FIELDS)
     drain(group, torch.device("cpu"))
     transport = transport_of(group, torch.device("cpu"))
     layout = ";".join(f"{n}:{tensors[n].numel()}" for n in averaged).encode()
     _require_same_layout(transport, [len(averaged), zlib.crc32(layout)], door)
     flat = torch.cat([tensors[n].detach().to("cpu", torch.float64).view(-1) for n in averaged] +
                      [torch.zeros(1, dtype=torch.float64)])  # the last: the owners' dropped mass
-    flat[-1] = sum(float(tensors[n].abs().sum()) for n in dropped if _field(n) == "owner_residual")
+    flat[-1] = l1_mass(tensors, ("owner_residual",))
     options = dist.AllreduceOptions()
     options.reduceOp = dist.ReduceOp.SUM
     transport.allreduce([flat], options).wait()
