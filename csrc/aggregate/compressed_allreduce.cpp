@@ -67,7 +67,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce(std::vector<at::Te
   CompressedState& state = states_[key];
   follow_loss_scale(state);
   const Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, state);
-  if (error_feedback_ && how.scheme != ExchangeScheme::kDense) {
+  if (error_feedback_ && how.exchange) {
     own_chunk(state, how.owned, codec_device(*codec_, tensors.front()), tensors.front().numel(), key);
   }
   return run(tensors, opts, transport, stats, key, lock, state, how, key, all_finite);
@@ -93,7 +93,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   const CompressedState& first = states_[pieces.front().key];
   CompressedState whole{at::Tensor(), at::Tensor(), at::Tensor(), 0, -1, loss_scale_, first.calls, first.step};
   Plan how = plan(tensors.front(), opts.reduceOp.op_, *transport, whole);
-  const bool keep = error_feedback_ && how.scheme != ExchangeScheme::kDense;
+  const bool keep = error_feedback_ && how.exchange;
   const auto part_of_chunk = [&](int64_t offset, int64_t numel) {
     const int64_t begin = std::clamp(how.owned.begin, offset, offset + numel);
     const int64_t end = std::clamp(how.owned.begin + how.owned.length, offset, offset + numel);
@@ -156,7 +156,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
                                                         const Plan& how, const std::string& seed_key,
                                                         std::optional<bool> all_finite) {
   at::Tensor& tensor = tensors.front();
-  if (how.scheme == ExchangeScheme::kDense) {
+  if (!how.exchange) {
     ++state.calls;
     lock.unlock();
     return exact_allreduce(tensors, opts, transport, stats);

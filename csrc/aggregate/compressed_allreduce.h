@@ -104,16 +104,14 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   struct Hierarchy {
     c10::intrusive_ptr<c10d::Backend> transport;  // kept, so that its address names it
     NodeLevels levels;
-    std::unique_ptr<Exchange> oneshot_across;
-    std::unique_ptr<Exchange> twophase_across;
+    std::map<const ExchangeScheme*, std::unique_ptr<Exchange>> across;  // by the scheme across the nodes
   };
   // The hierarchy of `transport` when its calls may use it (mutex_ held), else null.
   const Hierarchy* hierarchy_of(const c10d::Backend& transport) const;
   // How one call goes: exact, or compressed by an exchange; with two-phase, the chunk
   // this rank owns.
   struct Plan {
-    ExchangeScheme scheme = ExchangeScheme::kDense;  // kDense: exact
-    const Exchange* exchange = nullptr;              // the compressed scheme's
+    const Exchange* exchange = nullptr;  // null: exact
     Chunk owned{0, 0};                               // exchange->owned for this rank
     std::shared_ptr<const Codec> codec;  // this call's (density_warmup); null when exact
     std::vector<CodecPiece> pieces;      // layer-aware: the tensor's pieces, each with its codec; else empty
@@ -187,7 +185,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   // density_warmup: that many calls after `warmup`, in four stages of the codecs here.
   int64_t density_warmup_;
   std::vector<std::shared_ptr<const Codec>> warmup_codecs_;
-  ExchangeRequest exchange_;
+  const ExchangeScheme* exchange_;  // the spec's exchange key; null: auto
   int64_t rounds_;  // the spec's `rounds` (0: exchange_rounds decides)
   bool error_feedback_;
   bool majority_;

@@ -70,19 +70,17 @@ CompressedAllreduce::Plan CompressedAllreduce::plan(const at::Tensor& tensor, c1
   if (const Hierarchy* hierarchy = hierarchy_of(transport)) {
     // Across the nodes, the scheme auto would take for a shard among the nodes.
     const int64_t shard = exchange_chunk(n, hierarchy->levels.node->getSize(), 0).length;
-    const ExchangeScheme across = choose_exchange_for(
+    const ExchangeScheme* across = choose_exchange_for(
         *plan.codec, exchange_,
         exchange_cost(*plan.codec, shard, tensor.element_size(), hierarchy->levels.lane->getSize(),
                       lane_rounds(*plan.codec, shard, hierarchy->levels, rounds_for(tensor))));
-    if (across == ExchangeScheme::kDense) return {};
-    plan.scheme = ExchangeScheme::kHierarchical;
-    plan.exchange = across == ExchangeScheme::kOneShot ? hierarchy->oneshot_across.get()
-                                                       : hierarchy->twophase_across.get();
+    if (!across) return {};
+    plan.exchange = hierarchy->across.at(across).get();
   } else {
-    plan.scheme = choose_exchange_for(*plan.codec, exchange_,
-                                      exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
-    if (plan.scheme == ExchangeScheme::kDense) return {};
-    plan.exchange = &exchange_of(plan.scheme);
+    const ExchangeScheme* scheme = choose_exchange_for(
+        *plan.codec, exchange_, exchange_cost(*plan.codec, n, tensor.element_size(), ranks, rounds_for(tensor)));
+    if (!scheme) return {};
+    plan.exchange = &scheme->exchange();
   }
   plan.owned = plan.exchange->owned(n, ranks, transport.getRank());
   return plan;
@@ -102,8 +100,7 @@ void CompressedAllreduce::use_node_levels(const c10::intrusive_ptr<c10d::Backend
   std::lock_guard<std::mutex> lock(mutex_);
   Hierarchy& hierarchy = hierarchies_[transport.get()];
   hierarchy.transport = transport;
-  hierarchy.oneshot_across = hierarchical_exchange(levels, oneshot_exchange());
-  hierarchy.twophase_across = hierarchical_exchange(levels, twophase_exchange());
+  for (const ExchangeScheme* scheme : exchange_schemes()) hierarchy.across[scheme] = hierarchical_exchange(levels, *scheme);
   hierarchy.levels = std::move(levels);
 }
 
@@ -121,7 +118,7 @@ CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const a
   if (ranks == 1 || input.numel() < min_numel_ || state.calls < warmup_) return {true, ""};
   const ReduceScatterCost cost = reduce_scatter_cost(*codec_for(state), input.numel(), input.element_size(), ranks,
                                                      rounds_for(input));
-  if (exchange_ == ExchangeRequest::kAuto && cost.compressed >= cost.dense) {
+  if (!exchange_ && cost.compressed >= cost.dense) {  // auto
     return {true, "compressed it would send " + std::to_string(cost.compressed) + " bytes per rank, the transport's " +
                       std::to_string(cost.dense)};
   }

@@ -39,6 +39,20 @@ bool takes_key(const BoundSpec& spec, const char* name) {
   return std::any_of(keys.begin(), keys.end(), [&](const SpecKey& k) { return k.name == name; });
 }
 
+// The `exchange` key: auto or a scheme's name, its help from the schemes' records.
+SpecKey exchange_key() {
+  std::vector<std::string> choices = {"auto"};
+  std::string how;
+  for (const ExchangeScheme* scheme : exchange_schemes()) {
+    choices.push_back(scheme->name);
+    how += scheme->name + " (" + scheme->summary + "), ";
+  }
+  return SpecKey::choice("exchange", "auto", choices,
+                         "how payloads travel: " + how +
+                             "auto (the fewest bytes, dense when compression would send more than a ring; a scheme "
+                             "that compresses twice only for codecs that re-encode losslessly: identity, fp16, bf16)");
+}
+
 }  // namespace
 
 bool uses_node_levels(const BoundSpec& spec) {
@@ -56,10 +70,7 @@ std::vector<SpecKey> compressed_aggregation_keys() {
   return {SpecKey::boolean("ef", "",
                            "error feedback: add what earlier steps did not send, keep what this step does not send "
                            "(default: on for topk, stc, sign with vote=mean; off otherwise)"),
-          SpecKey::choice("exchange", "auto", {"auto", "oneshot", "twophase"},
-                          "how payloads travel: oneshot (all-gather), twophase (all-to-all of chunks, owners "
-                          "reduce and re-encode, all-gather), auto (the fewest bytes, dense when compression "
-                          "would send more than a ring; twophase only for identity, fp16 and bf16: it compresses twice)"),
+          exchange_key(),
           SpecKey::choice("layers", "auto", {"auto", "off", "on", "adapt"},
                           "on a tensor made of named parameters (the DDP hook with model=, the FSDP door's "
                           "shards): on compresses each parameter by itself (top-k's selection, sign's blocks, "

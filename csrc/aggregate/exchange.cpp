@@ -3,59 +3,44 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <stdexcept>
 
-#include "aggregate/exchange_rounds.h"
 #include "gradzip/stats.h"
 
 namespace gradzip {
 
-const char* exchange_name(ExchangeScheme scheme) {
-  switch (scheme) {
-    case ExchangeScheme::kDense:
-      return "dense";
-    case ExchangeScheme::kOneShot:
-      return "oneshot";
-    case ExchangeScheme::kTwoPhase:
-      return "twophase";
-    case ExchangeScheme::kHierarchical:
-      return "hierarchical";
+const ExchangeScheme* find_exchange_scheme(const std::string& name) {
+  for (const ExchangeScheme* scheme : exchange_schemes()) {
+    if (scheme->name == name) return scheme;
   }
-  return "?";
+  return nullptr;
 }
 
-ExchangeRequest parse_exchange_request(const std::string& value) {
-  if (value == "oneshot") return ExchangeRequest::kOneShot;
-  if (value == "twophase") return ExchangeRequest::kTwoPhase;
-  TORCH_CHECK(value == "auto", "gradzip: exchange must be auto, oneshot or twophase, got '", value, "'");
-  return ExchangeRequest::kAuto;
+const ExchangeScheme* parse_exchange_request(const std::string& value) {
+  if (value == "auto") return nullptr;
+  if (const ExchangeScheme* scheme = find_exchange_scheme(value)) return scheme;
+  std::string names = "auto";
+  for (const ExchangeScheme* scheme : exchange_schemes()) names += ", " + scheme->name;
+  TORCH_CHECK(false, "gradzip: exchange must be one of ", names, ", got '", value, "'");
 }
 
-ExchangeRequest exchange_request(const Spec& spec) {
+const ExchangeScheme* exchange_request(const Spec& spec) {
   return parse_exchange_request(spec.get_string("exchange"));
 }
 
-Chunk exchange_chunk(int64_t n, int ranks, int j) {
-  const auto at = [&](int i) { return static_cast<int64_t>(static_cast<__int128>(n) * i / ranks); };
-  return {at(j), at(j + 1) - at(j)};
-}
-
-int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested, int link_shared_by) {
-  const int64_t smallest = ranks > 0 ? n / ranks : 0;
-  int64_t rounds = requested;
-  if (rounds <= 0) {
-    const int64_t first_phase = link_shared_by * (ranks - 1) * slot_bytes(codec, largest_chunk(n, ranks));
-    rounds = std::min<int64_t>({first_phase / kRoundBytes, kMaxRounds, smallest / kMinRoundElements});
+int64_t ExchangeCost::of(const std::string& name) const {
+  const auto& all = exchange_schemes();
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i]->name == name) return schemes.at(i);
   }
-  return static_cast<int>(std::max<int64_t>(1, std::min(rounds, smallest)));
+  throw std::out_of_range("gradzip: no exchange scheme is named '" + name + "'");
 }
-
-int64_t rounds_request(const Spec& spec) { return spec.get_int("rounds"); }
 
 ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks, int64_t rounds_requested) {
-  const int64_t others = ranks - 1;
-  const int rounds = exchange_rounds(codec, n, ranks, rounds_requested);
-  return {ring_allreduce_bytes(n * element_bytes, ranks), others * slot_bytes(codec, n),
-          2 * others * rounds * slot_bytes(codec, largest_piece(n, ranks, rounds)), rounds};
+  ExchangeCost cost{ring_allreduce_bytes(n * element_bytes, ranks), exchange_rounds(codec, n, ranks, rounds_requested),
+                    {}};
+  for (const ExchangeScheme* scheme : exchange_schemes()) cost.schemes.push_back(scheme->bytes(codec, n, ranks, cost.rounds));
+  return cost;
 }
 
 ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks,
@@ -66,22 +51,39 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
           others * rounds * slot_bytes(codec, largest_piece(n, ranks, rounds))};
 }
 
-const Exchange& exchange_of(ExchangeScheme scheme) {
-  TORCH_CHECK(scheme == ExchangeScheme::kOneShot || scheme == ExchangeScheme::kTwoPhase,
-              "gradzip: exchange_of takes one-shot or two-phase, not ", exchange_name(scheme));
-  return scheme == ExchangeScheme::kTwoPhase ? twophase_exchange() : oneshot_exchange();
+namespace {
+
+// The scheme among those `admitted` that sends the fewest bytes, the earlier on a tie;
+// null when none is admitted.
+template <typename Admitted>
+std::pair<const ExchangeScheme*, int64_t> fewest_bytes(const ExchangeCost& cost, Admitted admitted) {
+  const auto& all = exchange_schemes();
+  std::pair<const ExchangeScheme*, int64_t> best{nullptr, 0};
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (admitted(*all[i]) && (!best.first || cost.schemes[i] < best.second)) best = {all[i], cost.schemes[i]};
+  }
+  return best;
 }
 
-ExchangeScheme choose_exchange(ExchangeRequest request, const ExchangeCost& cost, bool reencodes_losslessly) {
-  if (request == ExchangeRequest::kOneShot) return ExchangeScheme::kOneShot;
-  if (request == ExchangeRequest::kTwoPhase) return ExchangeScheme::kTwoPhase;
+}  // namespace
+
+const ExchangeScheme* choose_exchange(const ExchangeScheme* request, const ExchangeCost& cost,
+                                      bool reencodes_losslessly) {
+  if (request) return request;
   if (!reencodes_losslessly) {  // one compression where it saves bytes, else two rather than none
-    if (cost.oneshot < cost.dense) return ExchangeScheme::kOneShot;
-    return cost.twophase < cost.dense ? ExchangeScheme::kTwoPhase : ExchangeScheme::kDense;
+    for (const bool twice : {false, true}) {
+      const auto [best, bytes] = fewest_bytes(cost, [&](const ExchangeScheme& s) { return s.compresses_twice == twice; });
+      if (best && bytes < cost.dense) return best;
+    }
+    return nullptr;
   }
-  if (cost.dense <= std::min(cost.oneshot, cost.twophase)) return ExchangeScheme::kDense;
-  if (cost.rounds > 1 && cost.twophase <= cost.oneshot + cost.oneshot / 20) return ExchangeScheme::kTwoPhase;
-  return cost.oneshot <= cost.twophase ? ExchangeScheme::kOneShot : ExchangeScheme::kTwoPhase;
+  const auto [best, bytes] = fewest_bytes(cost, [](const ExchangeScheme&) { return true; });
+  if (!best || cost.dense <= bytes) return nullptr;
+  if (cost.rounds > 1 && !best->in_rounds) {
+    const auto [pipelined, pipelined_bytes] = fewest_bytes(cost, [](const ExchangeScheme& s) { return s.in_rounds; });
+    if (pipelined && pipelined_bytes <= bytes + bytes / 20) return pipelined;
+  }
+  return best;
 }
 
 }  // namespace gradzip

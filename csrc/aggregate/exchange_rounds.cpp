@@ -2,31 +2,13 @@
 
 #include <algorithm>
 
-#include <c10/util/Exception.h>
-
-#include <array>
+#include "aggregate/slots.h"
 
 namespace gradzip {
-namespace {
 
-std::array<at::Tensor, static_cast<size_t>(Buffer::kCount)>& kept_buffers() {
-  thread_local std::array<at::Tensor, static_cast<size_t>(Buffer::kCount)> kept;
-  return kept;
-}
-
-}  // namespace
-
-EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin) {
-  uint64_t z = ctx.seed + 0x9E3779B97F4A7C15ull * (2 * static_cast<uint64_t>(chunk) + phase + 1) +
-               0xD1B54A32D192ED03ull * static_cast<uint64_t>(round);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  EncodeContext of_chunk{z ^ (z >> 31), ctx.step, ctx.rank};
-  if (phase == 0) {
-    of_chunk.sent = ctx.sent;
-    of_chunk.sent_offset = ctx.sent_offset + begin;
-  }
-  return of_chunk;
+Chunk exchange_chunk(int64_t n, int ranks, int j) {
+  const auto at = [&](int i) { return static_cast<int64_t>(static_cast<__int128>(n) * i / ranks); };
+  return {at(j), at(j + 1) - at(j)};
 }
 
 int64_t largest_chunk(int64_t n, int ranks) { return exchange_chunk(n, ranks, 0).length + (n % ranks != 0); }
@@ -39,78 +21,29 @@ Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round) {
   return {chunk.begin + piece.begin, piece.length};
 }
 
-[[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what) {
-  TORCH_CHECK(false, "gradzip: ", what, " of rank ", e.row(), " for the tensor keyed '", key ? *key : "?",
-              "' cannot be decoded: ", e.what());
-}
-
-at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role) {
-  if (!device.is_cpu()) return at::empty({bytes}, at::dtype(at::kByte).device(device));
-  at::Tensor& buffer = kept_buffers()[static_cast<size_t>(role)];
-  if (!buffer.defined() || buffer.numel() < bytes) buffer = at::empty({bytes}, at::kByte);
-  return buffer.narrow(0, 0, bytes);
-}
-
-Rounds::~Rounds() {
-  for (const auto& flight : flights_) {
-    if (flight.work) {
-      kept_buffers().fill(at::Tensor());
-      return;
-    }
+int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested, int link_shared_by) {
+  const int64_t smallest = ranks > 0 ? n / ranks : 0;
+  int64_t rounds = requested;
+  if (rounds <= 0) {
+    const int64_t first_phase = link_shared_by * (ranks - 1) * slot_bytes(codec, largest_chunk(n, ranks));
+    rounds = std::min<int64_t>({first_phase / kRoundBytes, kMaxRounds, smallest / kMinRoundElements});
   }
+  return static_cast<int>(std::max<int64_t>(1, std::min(rounds, smallest)));
 }
 
-void Rounds::start_alltoall(const at::Tensor& slots, at::Tensor received,
-                            const c10::intrusive_ptr<c10d::Backend>& transport) {
-  at::Tensor send = slots.to(call_.transport_device);
-  std::vector<int64_t> equal;
-  flights_.push_back({transport->alltoall_base(received, send, equal, equal), received});
-}
+int64_t rounds_request(const Spec& spec) { return spec.get_int("rounds"); }
 
-void Rounds::start_allgather(const at::Tensor& mine, at::Tensor all,
-                             const c10::intrusive_ptr<c10d::Backend>& transport) {
-  at::Tensor send = mine.to(call_.transport_device);
-  flights_.push_back({transport->_allgather_base(all, send), all});
-}
-
-at::Tensor Rounds::finish(size_t i) {
-  InFlight& flight = flights_.at(i);
-  auto work = std::move(flight.work);
-  work->wait();
-  return flight.received.to(call_.x.device());
-}
-
-PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
-                        const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights) {
-  const int ranks = transport->getSize();
-  const int64_t n = call.x.numel();
-  const int rounds = exchange_rounds(host, n, ranks, call.rounds);
-  int64_t stride = slot_bytes(host, largest_piece(n, ranks, rounds));
-  if (!codec.uniform()) {  // the largest of the sub-pieces' own codecs' slots
-    stride = 0;
-    for (int s = 0; s < rounds; ++s) {
-      for (int j = 0; j < ranks; ++j) {
-        const Chunk c = round_piece(n, ranks, j, rounds, s);
-        stride = std::max(stride, PartCodec(codec, c)->slot_bytes(c.length));
-      }
-    }
+EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin) {
+  uint64_t z = ctx.seed + 0x9E3779B97F4A7C15ull * (2 * static_cast<uint64_t>(chunk) + phase + 1) +
+               0xD1B54A32D192ED03ull * static_cast<uint64_t>(round);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  EncodeContext of_chunk{z ^ (z >> 31), ctx.step, ctx.rank};
+  if (phase == 0) {
+    of_chunk.sent = ctx.sent;
+    of_chunk.sent_offset = ctx.sent_offset + begin;
   }
-  const int64_t round_bytes = ranks * stride;
-  const at::Tensor send = bytes_on(call.x.device(), rounds * round_bytes, Buffer::kSend);
-  const at::Tensor received = bytes_on(call.transport_device, rounds * round_bytes, Buffer::kReceived);
-  for (int s = 0; s < rounds; ++s) {
-    if (call.before_round) call.before_round(s);
-    for (int j = 0; j < ranks; ++j) {
-      const Chunk c = round_piece(n, ranks, j, rounds, s);
-      const at::Tensor residual =
-          call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
-      PartCodec(codec, c)->encode(call.x.narrow(0, c.begin, c.length), residual, chunk_context(call.ctx, 0, j, s, c.begin),
-                                  send.narrow(0, s * round_bytes + j * stride, stride));
-    }
-    flights.start_alltoall(send.narrow(0, s * round_bytes, round_bytes),
-                           received.narrow(0, s * round_bytes, round_bytes), transport);
-  }
-  return {rounds, stride};
+  return of_chunk;
 }
 
 }  // namespace gradzip

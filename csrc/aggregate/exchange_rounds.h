@@ -1,18 +1,41 @@
-// What the exchange schemes share (aggregate/*_exchange.cpp): how chunks split into
-// rounds, each piece's seed, the thread's kept buffers, the collectives in flight, and
-// phase one (the all-to-all of encoded chunks) that two-phase and the compressed
-// reduce-scatter both start with.
+// The round planner: how an exchange cuts an n-element vector into chunks (one per rank)
+// and each chunk into the sub-pieces of its rounds, how many rounds it takes, and the
+// seed of each piece. Pure arithmetic: every rank computes the same plan from n, the
+// ranks and the codec, with nothing exchanged.
 #pragma once
 
-#include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <cstdint>
 
-#include <string>
-#include <vector>
-
-#include "aggregate/exchange.h"
+#include "gradzip/codec.h"
+#include "gradzip/spec.h"
 
 namespace gradzip {
+
+// Chunk j of n elements split over `ranks`: [begin, begin + length), begin = ⌊j·n/ranks⌋.
+struct Chunk {
+  int64_t begin;
+  int64_t length;
+};
+Chunk exchange_chunk(int64_t n, int ranks, int j);
+// The length of the longest chunk: ⌈n/ranks⌉.
+int64_t largest_chunk(int64_t n, int ranks);
+// The longest sub-piece of any chunk in any of `rounds` rounds.
+int64_t largest_piece(int64_t n, int ranks, int rounds);
+// Sub-piece `round` of chunk j, in the elements of the whole vector.
+Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round);
+
+// The rounds of a two-phase exchange (or a compressed reduce-scatter) of n elements over
+// `ranks`: `requested` when it is above 0 (the spec's `rounds` key), else automatic:
+// one round per kRoundBytes of what the exchanges sharing a link send over it in the
+// first phase (`link_shared_by` exchanges alike: a hierarchical exchange's lanes share
+// their node's link), at most kMaxRounds, and at most one per kMinRoundElements of a
+// chunk. Never more rounds than elements in the smallest chunk, never fewer than one.
+constexpr int64_t kRoundBytes = int64_t{4} << 20;
+constexpr int kMaxRounds = 8;
+constexpr int64_t kMinRoundElements = 4096;
+int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0, int link_shared_by = 1);
+// The spec's `rounds` key: 0 (automatic) when it has none.
+int64_t rounds_request(const Spec& spec);
 
 // A context of its own for each chunk, phase and round, so that random draws (random-k's
 // choice, QSGD's rounding) of different pieces are independent. Round 0 keeps the
@@ -20,80 +43,5 @@ namespace gradzip {
 // `begin` on: the positions it sends are reported (ctx.sent) at their place in the
 // whole; phase 1 re-encodes an owner's sum, which reports none.
 EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin);
-
-// The length of the longest two-phase chunk: ⌈n/ranks⌉.
-int64_t largest_chunk(int64_t n, int ranks);
-// The longest sub-piece of any chunk in any of `rounds` rounds.
-int64_t largest_piece(int64_t n, int ranks, int rounds);
-// Sub-piece `round` of chunk j, in the elements of the whole vector.
-Chunk round_piece(int64_t n, int ranks, int j, int rounds, int round);
-
-// The codec of elements `c` of the vector: `codec` itself when it is uniform (the same
-// everywhere), else its part (TensorCodec::part). Returns a reference valid while the
-// holder lives.
-class PartCodec {
- public:
-  PartCodec(const TensorCodec& codec, const Chunk& c)
-      : part_(codec.uniform() ? nullptr : codec.part(c.begin, c.length)), codec_(part_ ? *part_ : codec) {}
-  const TensorCodec& operator*() const { return codec_; }
-  const TensorCodec* operator->() const { return &codec_; }
-
- private:
-  std::unique_ptr<TensorCodec> part_;
-  const TensorCodec& codec_;
-};
-
-[[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what);
-
-// The exchange's buffers (bytes; the owner's sum viewed as floats), by their role in a
-// call. On the CPU each thread keeps its buffers from call to call (a call uses them only
-// until it returns): fresh allocations of this size come from mmap, and their first
-// touch costs more than the codec's own passes. GPU memory comes from torch's caching
-// allocator.
-enum class Buffer { kMine, kSend, kReceived, kAll, kOwnedSum, kNodeSend, kNodeReceived, kShard, kNodeMine, kNodeAll, kCount };
-at::Tensor bytes_on(const at::Device& device, int64_t bytes, Buffer role);
-
-// A collective of byte slots in flight on the transport, and the buffer it fills there.
-struct InFlight {
-  c10::intrusive_ptr<c10d::Work> work;
-  at::Tensor received;
-};
-
-// The collectives an exchange started. finish(i) waits for the i-th and returns what it
-// received on the codec's device. An exchange that leaves with an error before it
-// finished them all leaves this thread's kept buffers to the collectives still in
-// flight (their Work holds the tensors) and takes fresh ones next time: waiting for
-// them could take the group's timeout once per round.
-class Rounds {
- public:
-  explicit Rounds(const ExchangeCall& call) : call_(call) {}
-  Rounds(const Rounds&) = delete;
-  Rounds& operator=(const Rounds&) = delete;
-  ~Rounds();
-
-  // all-to-all of `slots` (P slots of equal size; slot j goes to rank j) into `received`.
-  void start_alltoall(const at::Tensor& slots, at::Tensor received,
-                      const c10::intrusive_ptr<c10d::Backend>& transport);
-  // all-gather of one slot from each rank into `all`.
-  void start_allgather(const at::Tensor& mine, at::Tensor all, const c10::intrusive_ptr<c10d::Backend>& transport);
-  at::Tensor finish(size_t i);
-
- private:
-  const ExchangeCall& call_;
-  std::vector<InFlight> flights_;
-};
-
-// Phase one in exchange_rounds(...) rounds: in round s, sub-piece s of chunk j of this
-// rank's vector (with its part of the worker residual), encoded into a slot of `stride`
-// bytes (every sub-piece's bound; each sub-piece's own codec, PartCodec), goes to rank j,
-// after call.before_round(s) where the call has one. Started in `flights` as flights
-// 0 .. rounds − 1; each receives, slot r from rank r, the P sub-pieces of this rank's
-// chunk. Returns the rounds and the stride.
-struct PhaseOne {
-  int rounds;
-  int64_t stride;
-};
-PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
-                        const c10::intrusive_ptr<c10d::Backend>& transport, Rounds& flights);
 
 }  // namespace gradzip

@@ -1,4 +1,5 @@
-// Hierarchical: exact inside each node, compressed across the nodes (aggregate/exchange.h).
+// Hierarchical: exact inside each node, compressed across the nodes by a scheme
+// (aggregate/exchange.h, hierarchical_exchange).
 // The exact stages go through the node's shared memory for CPU tensors where the node
 // has it (aggregate/node_shared_memory.h), else through the node's transport. Either
 // way every rank publishes whether its exchange across the nodes failed, so that every
@@ -8,7 +9,7 @@
 #include <functional>
 #include <vector>
 
-#include "aggregate/exchange_rounds.h"
+#include "aggregate/exchange_flights.h"
 #include "aggregate/node_shared_memory.h"
 
 namespace gradzip {
@@ -21,10 +22,10 @@ namespace {
 
 class HierarchicalExchange final : public Exchange {
  public:
-  HierarchicalExchange(NodeLevels levels, const Exchange& across) : levels_(std::move(levels)), across_(across) {
+  HierarchicalExchange(NodeLevels levels, const ExchangeScheme& across)
+      : levels_(std::move(levels)), scheme_(across), across_(across.exchange()) {
     TORCH_CHECK(levels_.node && levels_.lane, "gradzip: the hierarchical exchange needs a node and a lane transport");
   }
-  ExchangeScheme scheme() const override { return ExchangeScheme::kHierarchical; }
   Chunk owned(int64_t n, int, int) const override {
     const Chunk shard = exchange_chunk(n, levels_.node->getSize(), levels_.node->getRank());
     const Chunk inner = across_.owned(shard.length, levels_.lane->getSize(), levels_.lane->getRank());
@@ -63,7 +64,7 @@ class HierarchicalExchange final : public Exchange {
   // when every shard of the node takes as many (lane_rounds; the shards differ by one
   // element at most), so that each step is one round's sub-pieces; else one step.
   int node_steps(const Codec& host, int64_t n, int64_t requested) const {
-    if (across_.scheme() != ExchangeScheme::kTwoPhase) return 1;
+    if (!scheme_.in_rounds) return 1;
     const int local_ranks = levels_.node->getSize();
     const int rounds = lane_rounds(host, n / local_ranks, levels_, requested);
     return rounds == lane_rounds(host, largest_chunk(n, local_ranks), levels_, requested) ? rounds : 1;
@@ -170,7 +171,7 @@ class HierarchicalExchange final : public Exchange {
     const int64_t width = largest_chunk(n, local_ranks) + 1;  // a chunk, then the status
     const int64_t row_bytes = 4 * width;
     const at::Device device = call.x.device();
-    Rounds flights(call);
+    Flights flights(call);
     const at::Tensor rows = bytes_on(device, local_ranks * row_bytes, Buffer::kNodeSend).view(at::kFloat);
     for (int j = 0; j < local_ranks; ++j) {
       const Chunk c = exchange_chunk(n, local_ranks, j);
@@ -206,12 +207,13 @@ class HierarchicalExchange final : public Exchange {
   }
 
   NodeLevels levels_;
+  const ExchangeScheme& scheme_;
   const Exchange& across_;
 };
 
 }  // namespace
 
-std::unique_ptr<Exchange> hierarchical_exchange(NodeLevels levels, const Exchange& across) {
+std::unique_ptr<Exchange> hierarchical_exchange(NodeLevels levels, const ExchangeScheme& across) {
   return std::make_unique<HierarchicalExchange>(std::move(levels), across);
 }
 
@@ -296,7 +298,7 @@ int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec&
     const at::Tensor x = call.worker_residual.defined() ? call.x + call.worker_residual : call.x;
     at::Tensor slots = rows.view({local_ranks * nodes, m});
     at::index_select_out(slots, x.view({local_ranks * nodes, m}), 0, index_on(by_lane, device));
-    Rounds flights(call);
+    Flights flights(call);
     flights.start_alltoall(rows.view(at::kByte),
                            bytes_on(call.transport_device, local_ranks * row_bytes, Buffer::kNodeReceived),
                            levels.node);

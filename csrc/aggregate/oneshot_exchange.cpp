@@ -3,14 +3,13 @@
 // owns anything: one compression per element, no second stage.
 #include <c10/util/Exception.h>
 
-#include "aggregate/exchange_rounds.h"
+#include "aggregate/exchange_flights.h"
 
 namespace gradzip {
 namespace {
 
 class OneShotExchange final : public Exchange {
  public:
-  ExchangeScheme scheme() const override { return ExchangeScheme::kOneShot; }
   Chunk owned(int64_t, int, int) const override { return {0, 0}; }
   int64_t allreduce(const TensorCodec& codec, const Codec&, const ExchangeCall& call, at::Tensor sum,
                       const c10::intrusive_ptr<c10d::Backend>& transport) const override {
@@ -18,7 +17,7 @@ class OneShotExchange final : public Exchange {
     const int64_t stride = codec.slot_bytes(call.x.numel());
     at::Tensor mine = bytes_on(call.x.device(), stride, Buffer::kMine);
     codec.encode(call.x, call.worker_residual, call.ctx, mine);
-    Rounds flights(call);
+    Flights flights(call);
     flights.start_allgather(mine, bytes_on(call.transport_device, ranks * stride, Buffer::kAll), transport);
     const at::Tensor all = flights.finish(0);
     try {
@@ -32,9 +31,15 @@ class OneShotExchange final : public Exchange {
 
 }  // namespace
 
-const Exchange& oneshot_exchange() {
-  static const OneShotExchange exchange;
-  return exchange;
+const ExchangeScheme& oneshot_scheme() {
+  static const ExchangeScheme scheme = {
+      "oneshot", "all-gather", /*compresses_twice=*/false, /*in_rounds=*/false,
+      [](const Codec& codec, int64_t n, int ranks, int) { return (ranks - 1) * slot_bytes(codec, n); },
+      []() -> const Exchange& {
+        static const OneShotExchange exchange;
+        return exchange;
+      }};
+  return scheme;
 }
 
 }  // namespace gradzip

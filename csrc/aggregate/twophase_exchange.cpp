@@ -1,27 +1,36 @@
 // Two-phase: every rank encodes its vector as P chunks, all-to-all; rank j decodes the P
 // pieces of chunk j in rank order into fp32, adds its owner residual, re-encodes (its
 // owner residual keeps what that encoding did not carry) and all-gathers; every rank
-// decodes the P chunks. Sends 2·(P − 1)·c(n/P) bytes per rank, in rounds
-// (aggregate/exchange.h). Its first half is the compressed reduce-scatter.
+// decodes the P chunks. Sends 2·(P − 1)·c(n/P) bytes per rank: flat in P. Its first
+// half is the compressed reduce-scatter.
+// Pipelined in rounds (aggregate/exchange_rounds.h): each chunk is cut into S sub-pieces
+// and round s moves sub-piece s of every chunk, through both phases. Every round's
+// all-to-all is started as soon as it is encoded and every round's all-gather as soon as
+// its owner part is re-encoded, so the transport moves round s while the codec works on
+// round s + 1 (the transport's collectives are asynchronous: Gloo's and MPI's run on
+// threads of their own, NCCL's on its stream). Chunks, ownership and owner residuals do
+// not depend on S; an element-wise codec (identity, fp16, bf16, sign without blocks)
+// gives the same bits for every S, a codec that selects or scales per block selects per
+// sub-piece. An owner that cannot decode a piece sends a failed slot, which every rank
+// reports.
 #include <c10/util/Exception.h>
 
 #include <optional>
 
-#include "aggregate/exchange_rounds.h"
+#include "aggregate/exchange_flights.h"
 
 namespace gradzip {
 namespace {
 
 class TwoPhaseExchange final : public Exchange {
  public:
-  ExchangeScheme scheme() const override { return ExchangeScheme::kTwoPhase; }
   Chunk owned(int64_t n, int ranks, int rank) const override { return exchange_chunk(n, ranks, rank); }
   int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                       const c10::intrusive_ptr<c10d::Backend>& transport) const override {
     const int ranks = transport->getSize();
     const int rank = transport->getRank();
     const int64_t n = call.x.numel();
-    Rounds flights(call);
+    Flights flights(call);
     const auto [rounds, stride] = scatter_rounds(codec, host, call, transport, flights);
 
     // This rank owns chunk `rank`: in each round, the sum of its sub-piece's P pieces, in
@@ -90,15 +99,24 @@ class TwoPhaseExchange final : public Exchange {
 
 }  // namespace
 
-const Exchange& twophase_exchange() {
-  static const TwoPhaseExchange exchange;
-  return exchange;
+const ExchangeScheme& twophase_scheme() {
+  static const ExchangeScheme scheme = {
+      "twophase", "all-to-all of chunks, owners reduce and re-encode, all-gather", /*compresses_twice=*/true,
+      /*in_rounds=*/true,
+      [](const Codec& codec, int64_t n, int ranks, int rounds) {
+        return 2 * (ranks - 1) * rounds * slot_bytes(codec, largest_piece(n, ranks, rounds));
+      },
+      []() -> const Exchange& {
+        static const TwoPhaseExchange exchange;
+        return exchange;
+      }};
+  return scheme;
 }
 
 int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
                                   at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport) {
   const int ranks = transport->getSize();
-  Rounds flights(call);
+  Flights flights(call);
   const auto [rounds, stride] = scatter_rounds(codec, host, call, transport, flights);
   for (int s = 0; s < rounds; ++s) {
     const Chunk part = exchange_chunk(shard.numel(), rounds, s);

@@ -51,11 +51,11 @@ void bind_aggregation(py::module_& m) {
                     "link_shared_by >= 1");
         const int rounds = exchange_rounds(*codec, numel, world_size, rounds_request(spec.spec()), link_shared_by);
         const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size, rounds);
-        const ExchangeScheme choice =
-            choose_exchange_for(*codec, exchange_request(spec.spec()), cost);
-        return py::dict(py::arg("choice") = exchange_name(choice),
-                        py::arg("dense") = cost.dense, py::arg("oneshot") = cost.oneshot,
-                        py::arg("twophase") = cost.twophase, py::arg("rounds") = cost.rounds);
+        const ExchangeScheme* choice = choose_exchange_for(*codec, exchange_request(spec.spec()), cost);
+        py::dict plan(py::arg("choice") = choice ? choice->name : "dense", py::arg("dense") = cost.dense);
+        for (size_t i = 0; i < exchange_schemes().size(); ++i) plan[exchange_schemes()[i]->name.c_str()] = cost.schemes[i];
+        plan["rounds"] = cost.rounds;
+        return plan;
       },
       py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"),
       py::arg("link_shared_by") = 1);

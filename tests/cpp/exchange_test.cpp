@@ -9,6 +9,14 @@ namespace {
 
 std::unique_ptr<Codec> codec(const std::string& spec) { return make_codec(parse_spec(spec)); }
 
+const ExchangeScheme* scheme(const std::string& name) {
+  const ExchangeScheme* found = find_exchange_scheme(name);
+  EXPECT_NE(found, nullptr) << name;
+  return found;
+}
+const ExchangeScheme* const kAuto = nullptr;   // a request for auto
+const ExchangeScheme* const kDense = nullptr;  // the choice of the transport's all-reduce
+
 TEST(ExchangeTest, ChunksTileTheTensorEvenly) {
   for (int64_t n : {0, 1, 5, 8, 1000, 1000003}) {
     for (int ranks : {1, 2, 3, 4, 7, 8}) {
@@ -29,8 +37,8 @@ TEST(ExchangeTest, CostsCountSlotsPerRank) {
   const int64_t n = 1 << 20;
   const ExchangeCost cost = exchange_cost(*sign, n, 4, 4);
   EXPECT_EQ(cost.dense, 2 * 3 * n * 4 / 4);
-  EXPECT_EQ(cost.oneshot, 3 * slot_bytes(*sign, n));
-  EXPECT_EQ(cost.twophase, 2 * 3 * slot_bytes(*sign, n / 4));
+  EXPECT_EQ(cost.of("oneshot"), 3 * slot_bytes(*sign, n));
+  EXPECT_EQ(cost.of("twophase"), 2 * 3 * slot_bytes(*sign, n / 4));
   EXPECT_EQ(slot_bytes(*sign, n), kSlotHeaderBytes + static_cast<int64_t>((sign->max_payload_bytes(n) + 7) / 8 * 8));
 }
 
@@ -50,7 +58,7 @@ TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
   const auto fp16 = codec("fp16");
   const ExchangeCost cost = exchange_cost(*fp16, 1000, 4, 4, 3);
   EXPECT_EQ(cost.rounds, 3);
-  EXPECT_EQ(cost.twophase, 2 * 3 * 3 * slot_bytes(*fp16, 84));  // chunks of 250, sub-pieces of 84 at most
+  EXPECT_EQ(cost.of("twophase"), 2 * 3 * 3 * slot_bytes(*fp16, 84));  // chunks of 250, sub-pieces of 84 at most
   EXPECT_EQ(reduce_scatter_cost(*fp16, 1000, 4, 4, 3).compressed, 3 * 3 * slot_bytes(*fp16, 84));
 }
 
@@ -61,52 +69,52 @@ TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCasts) {
   const int64_t n = 25'000'000;
   const ExchangeCost fp16 = exchange_cost(*codec("fp16"), n, 4, 2);
   ASSERT_GT(fp16.rounds, 1);
-  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, fp16), ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), kAuto, fp16), scheme("twophase"));
   const ExchangeCost qsgd = exchange_cost(*codec("qsgd:bits=4"), 4 * n, 4, 2);
   ASSERT_GT(qsgd.rounds, 1);
-  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, qsgd), ExchangeScheme::kOneShot);
-  EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), ExchangeRequest::kAuto,
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), kAuto, qsgd), scheme("oneshot"));
+  EXPECT_EQ(choose_exchange_for(*codec("stc:density=0.01"), kAuto,
                                 exchange_cost(*codec("stc:density=0.01"), n, 4, 2)),
-            ExchangeScheme::kOneShot);
+            scheme("oneshot"));
   // One round (1M fp16 at 2 ranks): nothing to overlap, the fewest bytes.
-  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), 1 << 20, 4, 2)),
-            ExchangeScheme::kOneShot);
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), kAuto, exchange_cost(*codec("fp16"), 1 << 20, 4, 2)),
+            scheme("oneshot"));
 }
 
 TEST(ExchangeTest, AutoPicksTheFewestBytes) {
   const int64_t n = 1 << 20;
   // Dense fp16 payloads: one-shot wins at 2 ranks, two-phase beyond (flat in P).
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 4, 2)), ExchangeScheme::kOneShot);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("fp16"), n, 4, 2)), scheme("oneshot"));
   for (int ranks : {3, 4, 8, 16}) {
-    EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 4, ranks)),
-              ExchangeScheme::kTwoPhase)
+    EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("fp16"), n, 4, ranks)),
+              scheme("twophase"))
         << ranks;
-    EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("qsgd:bits=4"), n, 4, ranks)),
-              ExchangeScheme::kTwoPhase)
+    EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("qsgd:bits=4"), n, 4, ranks)),
+              scheme("twophase"))
         << ranks;
   }
   // Sparse payloads scale with n too, so by bytes alone two-phase wins from 3 ranks up;
   // at 2 ranks one-shot (two-phase pays two slots' framing).
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("stc:density=0.001"), n, 4, 2)),
-            ExchangeScheme::kOneShot);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("topk:density=0.01"), n, 4, 2)),
-            ExchangeScheme::kOneShot);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("topk:density=0.01"), n, 4, 4)),
-            ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("stc:density=0.001"), n, 4, 2)),
+            scheme("oneshot"));
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("topk:density=0.01"), n, 4, 2)),
+            scheme("oneshot"));
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("topk:density=0.01"), n, 4, 4)),
+            scheme("twophase"));
   // Compression that moves more than a ring goes dense: identity, and top-k at high
   // density on many ranks; tiny tensors where the headers dominate.
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("identity"), n, 4, 4)),
-            ExchangeScheme::kDense);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("topk:density=0.5"), n, 4, 8)),
-            ExchangeScheme::kDense);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("sign"), 8, 4, 4)), ExchangeScheme::kDense);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("identity"), n, 4, 4)),
+            kDense);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("topk:density=0.5"), n, 4, 8)),
+            kDense);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("sign"), 8, 4, 4)), kDense);
   // fp16 tensors: dense moves half as much, so fp16 compression never beats it.
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 2, 4)), ExchangeScheme::kDense);
+  EXPECT_EQ(choose_exchange(kAuto, exchange_cost(*codec("fp16"), n, 2, 4)), kDense);
   // An explicit request is taken as asked.
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kOneShot, exchange_cost(*codec("identity"), n, 4, 8)),
-            ExchangeScheme::kOneShot);
-  EXPECT_EQ(choose_exchange(ExchangeRequest::kTwoPhase, exchange_cost(*codec("stc:density=0.001"), n, 4, 2)),
-            ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange(scheme("oneshot"), exchange_cost(*codec("identity"), n, 4, 8)),
+            scheme("oneshot"));
+  EXPECT_EQ(choose_exchange(scheme("twophase"), exchange_cost(*codec("stc:density=0.001"), n, 4, 2)),
+            scheme("twophase"));
 }
 
 TEST(ExchangeTest, AutoCompressesLossyCodecsOnce) {
@@ -120,38 +128,55 @@ TEST(ExchangeTest, AutoCompressesLossyCodecsOnce) {
     ASSERT_FALSE(lossy->reencodes_losslessly()) << spec;
     for (int ranks : {2, 4, 8, 16, 64}) {
       const ExchangeCost cost = exchange_cost(*lossy, n, 4, ranks);
-      if (cost.oneshot >= cost.dense) {  // many ranks: two compressions rather than none
-        EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kAuto, cost),
-                  cost.twophase < cost.dense ? ExchangeScheme::kTwoPhase : ExchangeScheme::kDense)
+      if (cost.of("oneshot") >= cost.dense) {  // many ranks: two compressions rather than none
+        EXPECT_EQ(choose_exchange_for(*lossy, kAuto, cost),
+                  cost.of("twophase") < cost.dense ? scheme("twophase") : kDense)
             << spec << ranks;
         continue;
       }
-      EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kAuto, cost), ExchangeScheme::kOneShot) << spec << ranks;
-      EXPECT_EQ(choose_exchange_for(*lossy, ExchangeRequest::kTwoPhase, cost), ExchangeScheme::kTwoPhase) << spec;
+      EXPECT_EQ(choose_exchange_for(*lossy, kAuto, cost), scheme("oneshot")) << spec << ranks;
+      EXPECT_EQ(choose_exchange_for(*lossy, scheme("twophase"), cost), scheme("twophase")) << spec;
     }
   }
   for (const char* spec : {"identity", "fp16", "bf16"}) EXPECT_TRUE(codec(spec)->reencodes_losslessly()) << spec;
-  EXPECT_EQ(choose_exchange_for(*codec("fp16"), ExchangeRequest::kAuto, exchange_cost(*codec("fp16"), n, 4, 8)),
-            ExchangeScheme::kTwoPhase);
+  EXPECT_EQ(choose_exchange_for(*codec("fp16"), kAuto, exchange_cost(*codec("fp16"), n, 4, 8)),
+            scheme("twophase"));
   // QSGD 4-bit at 64 ranks: one-shot would send more than the ring, two-phase less.
   const ExchangeCost many = exchange_cost(*codec("qsgd:bits=4"), n, 4, 64);
-  ASSERT_GE(many.oneshot, many.dense);
-  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), ExchangeRequest::kAuto, many), ExchangeScheme::kTwoPhase);
+  ASSERT_GE(many.of("oneshot"), many.dense);
+  EXPECT_EQ(choose_exchange_for(*codec("qsgd:bits=4"), kAuto, many), scheme("twophase"));
 }
 
 TEST(ExchangeTest, TwoPhaseBytesPerRankStayFlatInRanks) {
   const auto qsgd = codec("qsgd:bits=4");
   const int64_t n = 1 << 22;
-  const double at4 = static_cast<double>(exchange_cost(*qsgd, n, 4, 4).twophase);
-  const double at16 = static_cast<double>(exchange_cost(*qsgd, n, 4, 16).twophase);
+  const double at4 = static_cast<double>(exchange_cost(*qsgd, n, 4, 4).of("twophase"));
+  const double at16 = static_cast<double>(exchange_cost(*qsgd, n, 4, 16).of("twophase"));
   EXPECT_LT(at16 / at4, 1.3);
-  EXPECT_GT(static_cast<double>(exchange_cost(*qsgd, n, 4, 16).oneshot) / exchange_cost(*qsgd, n, 4, 4).oneshot, 4.9);
+  EXPECT_GT(static_cast<double>(exchange_cost(*qsgd, n, 4, 16).of("oneshot")) / exchange_cost(*qsgd, n, 4, 4).of("oneshot"), 4.9);
 }
 
 TEST(ExchangeTest, RequestsAreParsed) {
-  EXPECT_EQ(parse_exchange_request("auto"), ExchangeRequest::kAuto);
-  EXPECT_EQ(parse_exchange_request("twophase"), ExchangeRequest::kTwoPhase);
+  EXPECT_EQ(parse_exchange_request("auto"), kAuto);
+  for (const ExchangeScheme* s : exchange_schemes()) EXPECT_EQ(parse_exchange_request(s->name), s);
   EXPECT_THROW(parse_exchange_request("ring"), c10::Error);
+}
+
+TEST(ExchangeTest, SchemesAreRegisteredOnceWithTheirCost) {
+  const auto fp16 = codec("fp16");
+  const ExchangeCost cost = exchange_cost(*fp16, 1 << 20, 4, 4);
+  ASSERT_EQ(cost.schemes.size(), exchange_schemes().size());
+  for (size_t i = 0; i < exchange_schemes().size(); ++i) {
+    const ExchangeScheme& s = *exchange_schemes()[i];
+    EXPECT_EQ(find_exchange_scheme(s.name), &s);
+    EXPECT_EQ(cost.of(s.name), s.bytes(*fp16, 1 << 20, 4, cost.rounds)) << s.name;
+    EXPECT_EQ(&s.exchange(), &s.exchange()) << s.name;
+  }
+  EXPECT_EQ(find_exchange_scheme("auto"), nullptr);
+  EXPECT_THROW(cost.of("ring"), std::out_of_range);
+  // Two-phase compresses twice and runs in rounds; one-shot neither.
+  EXPECT_TRUE(scheme("twophase")->compresses_twice && scheme("twophase")->in_rounds);
+  EXPECT_FALSE(scheme("oneshot")->compresses_twice || scheme("oneshot")->in_rounds);
 }
 
 TEST(ExchangeTest, SlotsDeclareTheirSizeAndRefuseLies) {

@@ -1,0 +1,18 @@
+// The exchange schemes: one line per scheme. A new scheme is its own file (its Exchange
+// and its record) and one line here.
+#include "aggregate/exchange.h"
+
+namespace gradzip {
+
+const ExchangeScheme& oneshot_scheme();   // aggregate/oneshot_exchange.cpp
+const ExchangeScheme& twophase_scheme();  // aggregate/twophase_exchange.cpp
+
+const std::vector<const ExchangeScheme*>& exchange_schemes() {
+  static const std::vector<const ExchangeScheme*> schemes = {
+      &oneshot_scheme(),
+      &twophase_scheme(),
+  };
+  return schemes;
+}
+
+}  // namespace gradzip
