@@ -16,7 +16,8 @@ step is skipped: every rank's parameters go back to θ_start, the outer momentum
 unchanged and the buffers are not averaged (each rank keeps its own).
 
 state_dict() holds what a resumed job needs besides the model and the inner optimizer:
-θ_start, the outer optimizer, the step counter and the aggregation's error feedback.
+θ_start, the outer optimizer, the step counter and the aggregation's error feedback;
+state_dict(portable=True) resumes at any world size (gradzip.world_portable).
 """
 import copy
 import warnings
@@ -91,13 +92,18 @@ class DiLoCo:
         a, b = self.aggregation.stats(), self._exact.stats()
         return {k: a[k] + b[k] for k in a}
 
-    def state_dict(self) -> dict:
+    def state_dict(self, portable: bool = False) -> dict:
         """A snapshot: later steps do not change it (the outer optimizer's state is copied,
-        where a torch optimizer's own state_dict() holds its live buffers)."""
+        where a torch optimizer's own state_dict() holds its live buffers). θ_start, the outer
+        optimizer and the counter are the same on every rank; the aggregation's error feedback
+        is this rank's, for this world size. portable=True: a collective over the group giving
+        every rank the same dict, loadable at any world size, the error feedback moved by
+        gradzip.world_portable's rule (save it right after an outer step, where the model too is
+        the same on every rank)."""
         return stamped({"spec": str(self.aggregation.spec), "local_steps": self.local_steps, "steps": self.steps,
                         "start": {name: t.clone() for (name, _), t in zip(self._params, self._start)},
                         "outer_optimizer": copy.deepcopy(self.outer_optimizer.state_dict()),
-                        "aggregation": self.aggregation.state_dict()})
+                        "aggregation": self.aggregation.state_dict(portable=portable)})
 
     def load_state_dict(self, state: dict) -> None:
         """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""

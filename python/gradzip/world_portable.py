@@ -19,6 +19,10 @@ once). The rule, for an average over W ranks, whose update applies (1/W)·Σ_r s
   move with the world size) and gossip's public copies (public_copy_<rank>: the neighbours
   change) have no such rule: they are dropped, with a warning that names them and the mass
   (L1 norm) of the owners' residuals dropped.
+
+torch.distributed.checkpoint loads into a destination of the right shapes, which a job at
+another world size does not hold before its first step: dcp_destination() makes it from
+the checkpoint's own metadata.
 """
 import warnings
 import zlib
@@ -105,6 +109,50 @@ def _require_same_layout(transport, mine: list, door: str) -> None:
         raise CheckpointError(f"{door}: state_dict(portable=True) needs the same state on every rank, and the ranks "
                               "hold different tensors (another spec or model on some rank, or a rank that has "
                               "not aggregated yet)")
+
+
+def dcp_destination(checkpoint, key: str = "gradzip") -> dict:
+    """The destination torch.distributed.checkpoint.load fills with the portable state a job
+    saved under `key` (dcp.save({..., key: state.state_dict(portable=True)}, ...)): the
+    same nesting, an empty tensor of the saved shape and dtype in place of each tensor, the
+    saved values in place of the rest. `checkpoint`: the checkpoint's directory, or a
+    dcp.StorageReader. Needs the metadata of DCP's default planner (flatten_state_dict, the
+    default), which records each value's place in the nesting.
+
+        sd = {"model": model.state_dict(), "gradzip": gradzip.world_portable.dcp_destination(path)}
+        dcp.load(sd, checkpoint_id=path)
+        model.load_state_dict(sd["model"]); state.load_state_dict(sd["gradzip"])
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    reader = checkpoint if isinstance(checkpoint, dcp.StorageReader) else dcp.FileSystemReader(str(checkpoint))
+    metadata = reader.read_metadata()
+    places = metadata.planner_data
+    if not isinstance(places, dict):
+        raise CheckpointError("gradzip.world_portable.dcp_destination: this checkpoint's metadata does not record "
+                              "where each value sits in the saved dict (saved by a planner that does not flatten "
+                              "it); load it with the destination the planner expects")
+    out = {}
+    for fqn, storage in metadata.state_dict_metadata.items():
+        path = places.get(fqn, (fqn,))
+        if not path or path[0] != key:
+            continue
+        if not isinstance(storage, TensorStorageMetadata):
+            value = None  # filled by dcp.load with the saved object
+        else:
+            value = torch.empty(tuple(storage.size), dtype=storage.properties.dtype)
+        node = out
+        for step in path[1:-1]:
+            node = node.setdefault(step, {})
+        if len(path) == 1:
+            raise CheckpointError(f"gradzip.world_portable.dcp_destination: {key!r} is a single value in this "
+                                  "checkpoint, not a state_dict")
+        node[path[-1]] = value
+    if not out:
+        raise CheckpointError(f"gradzip.world_portable.dcp_destination: this checkpoint holds nothing under {key!r} "
+                              f"(its top-level keys: {sorted({places.get(f, (f,))[0] for f in places})})")
+    return out
 
 
 def require_same_world(state: dict, group, door: str) -> None:

@@ -179,3 +179,104 @@ def test_a_membership_change_rescales_the_error_feedback_and_a_peer_gives_no_res
     assert "rank" not in peer and "world_size" not in peer
     assert before.keys() == restored.keys() and all(torch.equal(before[k], restored[k]) for k in before)
     assert mass == pytest.approx(sum(float(moved[k].abs().sum()) for k in moved if k.endswith("/residual")))
+
+
+def save_with_dcp(rank, world, path):
+    import torch.distributed.checkpoint as dcp
+    dist.init_process_group("gloo")
+    ddp, state = model_and_hook(SPEC)
+    train(ddp, rank, 5)
+    own = state.state_dict()["state"]
+    portable = state.state_dict(portable=True)
+    dcp.save({"model": ddp.module.state_dict(), "gradzip": portable}, checkpoint_id=path)
+    return own, portable
+
+
+def load_with_dcp(rank, world, path):
+    import torch.distributed.checkpoint as dcp
+    import gradzip
+    dist.init_process_group("gloo")
+    ddp, state = model_and_hook(SPEC)
+    saved = {"model": ddp.module.state_dict(), "gradzip": gradzip.world_portable.dcp_destination(path)}
+    dcp.load(saved, checkpoint_id=path)
+    ddp.module.load_state_dict(saved["model"])
+    state.load_state_dict(saved["gradzip"])
+    loaded = state.state_dict()["state"]
+    train(ddp, rank, 3, first=5)
+    try:
+        gradzip.world_portable.dcp_destination(path, "optimizer")
+        missing = None
+    except gradzip.checkpoint.CheckpointError as error:
+        missing = str(error)
+    return loaded, torch.cat([p.detach().view(-1) for p in ddp.parameters()]), missing
+
+
+def test_torch_distributed_checkpoint_carries_the_portable_state_from_4_ranks_to_3(tmp_path):
+    """dcp.save of state_dict(portable=True) from 4 ranks, dcp.load at 3 into the destination
+    dcp_destination() shapes from the checkpoint's metadata: every rank gets the saved mean
+    residuals, velocities and counters bit for bit, and trains on in agreement."""
+    path = str(tmp_path / "dcp")
+    saved = run_ranks(save_with_dcp, 4, path)
+    portable = saved[0][1]
+    resumed = run_ranks(load_with_dcp, 3, path)
+    for loaded, weights, missing in resumed:
+        assert loaded.keys() == portable["state"].keys()
+        for name, value in portable["state"].items():
+            assert torch.equal(loaded[name], value), name
+        assert torch.equal(weights, resumed[0][1]), "the resumed ranks disagree"
+        assert "holds nothing under 'optimizer'" in missing and "'gradzip'" in missing
+    for name in (k for k in portable["state"] if k.endswith("/residual")):
+        before = sum(s[0][name].double() for s in saved) / 4
+        after = sum(r[0][name].double() for r in resumed) / 3
+        torch.testing.assert_close(after, before, rtol=2 ** -23, atol=1e-12)
+
+
+def diloco_at(rank, world, path, resume=False):
+    """DiLoCo with error feedback (QSGD 4-bit, ef=1): two outer steps from scratch, rank 0
+    saving the portable state to `path` (torch.save), or one outer step from that file."""
+    import gradzip
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    outer = gradzip.diloco.DiLoCo(model, "qsgd:bits=4,norm=max,ef=1", local_steps=2)
+    if resume:
+        state = torch.load(path, weights_only=False)
+        outer.load_state_dict(state)
+        loaded = outer.state_dict()["aggregation"]["tensors"]
+        with torch.no_grad():
+            for p, start in zip(model.parameters(), state["start"].values()):
+                p.copy_(start)
+    for step in range(2 if resume else 4):
+        g = torch.Generator().manual_seed(1000 * step + rank)
+        inner.zero_grad()
+        model(torch.randn(8, 16, generator=g)).pow(2).mean().backward()
+        inner.step()
+        outer.step()
+    own = outer.state_dict()["aggregation"]["tensors"]
+    if resume:
+        return loaded, torch.cat([p.detach().view(-1) for p in model.parameters()])
+    portable = outer.state_dict(portable=True)
+    if rank == 0:
+        torch.save(portable, path)
+    return own, portable
+
+
+def test_diloco_resumes_at_another_world_size_with_its_error_feedback_mass(tmp_path):
+    """DiLoCo's state_dict(portable=True), saved at 4 ranks with torch.save, resumes at 3:
+    θ_start and the outer optimizer as saved, the error feedback at the mean of the 4
+    ranks', and the next outer step the same on every rank."""
+    path = str(tmp_path / "diloco.pt")
+    saved = run_ranks(diloco_at, 4, path)
+    portable = saved[0][1]
+    assert portable["aggregation"]["portable"] and portable["steps"] == 4
+    residuals = [k for k in portable["aggregation"]["tensors"] if k.endswith("/residual")]
+    assert residuals and any(portable["aggregation"]["tensors"][k].any() for k in residuals)
+    for name in residuals:
+        mean = sum(s[0][name].double() for s in saved) / 4
+        assert torch.equal(portable["aggregation"]["tensors"][name], mean.float()), name
+    resumed = run_ranks(diloco_at, 3, path, True)
+    for loaded, weights in resumed:  # every rank resumes with the mean: (1/3)·Σ e' = (1/4)·Σ e_r
+        assert loaded.keys() == portable["aggregation"]["tensors"].keys()
+        assert all(torch.equal(v, portable["aggregation"]["tensors"][k]) for k, v in loaded.items())
+        assert torch.equal(weights, resumed[0][1]), "the resumed ranks disagree"
