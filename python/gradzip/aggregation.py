@@ -23,8 +23,8 @@ from ._extension import _C
 from .checkpoint import aggregation_state
 from ._transport import transport_of, use_node_levels
 from .options import bind_spec
-from .rank_agreement import describe, require_agreement
-from .world_portable import require_same_world, state_for_world
+from .rank_agreement import RESUMED, describe, require_agreement
+from .world_portable import counters_digest, require_same_world, state_for_world
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
 
@@ -38,6 +38,7 @@ class Aggregation:
         self._aggregation = _C.Aggregation(self.spec)
         self.decentralized = self.spec.decentralized
         self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
+        self._agree = True  # the ranks check that they run the same spec from the same point at the next call
 
     def __call__(self, target: Union[torch.nn.Module, torch.Tensor, Iterable[torch.Tensor], dict], op: str = "avg",
                  mode: Optional[str] = None, buffers: bool = False):
@@ -73,10 +74,14 @@ class Aggregation:
 
     def _reduce(self, tensor: torch.Tensor, key: str, op) -> None:
         transport = transport_of(self.group, tensor.device)
-        if not self._node_levels_asked:  # every rank is in its first call: a collective point
+        if self._agree:  # every rank is in its first call, or its first after a load: a collective point
+            self._agree = False
+            size = dist.get_world_size(self.group)
+            require_agreement(transport, size, describe(f"spec '{self.spec}'"), tensor.device)
+            require_agreement(transport, size, f"counters {counters_digest(self._aggregation.state_dict())}",
+                              tensor.device, RESUMED)
+        if not self._node_levels_asked:
             self._node_levels_asked = True
-            require_agreement(transport, dist.get_world_size(self.group), describe(f"spec '{self.spec}'"),
-                              tensor.device)
             use_node_levels(self._aggregation, self.spec, self.group, transport, tensor.device)
         if tensor.is_contiguous():
             self._aggregation.allreduce(tensor, key, op, transport)
@@ -111,6 +116,7 @@ class Aggregation:
         if bind_spec(state["spec"]) != self.spec:
             raise ValueError(f"gradzip.Aggregation: the saved state is for {state['spec']!r}, not {str(self.spec)!r}")
         self._aggregation.load_state_dict(state["tensors"])
+        self._agree = True
 
 
 def exchange_plan(spec, numel: int, world_size: int, element_size: int = 4, link_shared_by: int = 1) -> dict:

@@ -40,6 +40,8 @@ from .fsdp_layout import shard_layout
 from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
 from .options import Spec, bind_spec
+from .rank_agreement import RESUMED, describe, require_agreement
+from .world_portable import counters_digest
 
 
 class State:
@@ -65,6 +67,7 @@ class State:
         self._aggregation = _C.Aggregation(bound)
         self.layer_aware: bool = self._aggregation.by_layers  # the spec's layers, auto resolved, not off
         self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
+        self._agree = True  # the ranks check that they run the same spec from the same point at the next call
 
     def stats(self) -> dict:
         """Bytes the reduce-scatters sent since the last reset_stats() ("dense_bytes": a dense fp32 ring's)."""
@@ -83,6 +86,7 @@ class State:
         require_same_spec("gradzip.fsdp", state["spec"], self.spec,
                           "format 1 or 2 compressed each chunk whole, as layers=off", "give", state["state"])
         self._aggregation.load_state_dict(state["state"])
+        self._agree = True
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group,
                        pieces: list[tuple[str, int]] | None = None) -> None:
@@ -90,7 +94,13 @@ class State:
         `pieces`: each chunk's (parameter name, numel) layout, or None (each chunk whole)."""
         group = self.process_group if self.process_group is not None else group
         transport = transport_of(group, input.device)
-        if not self._node_levels_asked:  # every rank is in its first call: a collective point
+        if self._agree:  # every rank is in its first call, or its first after a load: a collective point
+            self._agree = False
+            size = dist.get_world_size(group)
+            require_agreement(transport, size, describe(f"spec '{self.spec}'"), input.device)
+            require_agreement(transport, size, f"counters {counters_digest(self._aggregation.state_dict())}",
+                              input.device, RESUMED)
+        if not self._node_levels_asked:
             self._node_levels_asked = True
             use_node_levels(self._aggregation, self.spec, group, transport, input.device)
         self._aggregation.reduce_scatter(output, input, key, op, transport, pieces or [])

@@ -41,8 +41,9 @@ from ._transport import drain, size_and_rank, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .options import Spec, bind_spec
-from .rank_agreement import describe, require_agreement
-from .world_portable import MASS_FIELDS, WORLD_BOUND_FIELDS, field_of, l1_mass, require_same_world, state_for_world
+from .rank_agreement import RESUMED, describe, require_agreement
+from .world_portable import (MASS_FIELDS, WORLD_BOUND_FIELDS, counters_digest, field_of, l1_mass, require_same_world,
+                             state_for_world)
 
 
 class State:
@@ -87,6 +88,7 @@ class State:
         self._names = None if model is None else {id(p): name for name, p in module.named_parameters()}
         self.scaler = scaler
         self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first compressed bucket
+        self._agree = True  # the ranks check that they run the same spec from the same point at the next bucket 0
 
     def stats(self) -> dict:
         """Bytes moved by this hook since the last reset_stats(), exact iterations included."""
@@ -115,6 +117,7 @@ class State:
                           "format 0 or 1 ran with layers=off, the default then", "give State", state["state"])
         self.start_iter, self.iteration = state["start_iter"], state["iteration"]
         self._aggregation.load_state_dict(state["state"])
+        self._agree = True
 
     def set_process_group(self, group, previous_size: int = None) -> float:
         """Aggregates over `group` from the next bucket on: the group of a new membership (a
@@ -131,6 +134,7 @@ class State:
         dropped. Returns the L1 mass of what was dropped (0.0 when nothing was)."""
         self.process_group = group
         self._node_levels_asked = False
+        self._agree = True
         size = size_and_rank(group)[0]
         if previous_size is None or previous_size == size:
             return 0.0
@@ -176,6 +180,13 @@ class State:
         self.start_iter, self.iteration = snapshot["start_iter"], snapshot["iteration"]
         self._aggregation.load_state_dict(snapshot["state"])
 
+    def _position(self) -> str:
+        """Where this rank is in its aggregation, which the ranks must agree on: a rank resumed
+        from an older checkpoint than the others would compress at another density, or choose
+        levels at other calls, and the calls would not match."""
+        return (f"iteration {self.iteration} (start_iter {self.start_iter}), counters "
+                f"{counters_digest(self._aggregation.state_dict())}")
+
     def __getstate__(self):  # pickling drops the process group, as PowerSGDState does
         return self.state_dict()
 
@@ -200,6 +211,14 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
         # queued on its worker, and the buckets' calls must not overtake them.
         drain(state.process_group, buffer.device)
     transport = transport_of(state.process_group, buffer.device)
+    if bucket.index() == 0 and state._agree:
+        # Every rank is here, at bucket 0 of its first iteration or of the first after a
+        # load or a new group, with the group's queued calls drained: the ranks check that
+        # they run the same spec from the same point before any payload moves.
+        state._agree = False
+        size = size_and_rank(state.process_group)[0]
+        require_agreement(transport, size, describe(f"spec '{state.spec}'"), buffer.device)
+        require_agreement(transport, size, state._position(), buffer.device, RESUMED)
     whole = [(f"bucket:{bucket.index()}", buffer.numel())]
     if state.iteration < state.start_iter:
         work = state._exact.submit_pieces(buffer, whole, dist.ReduceOp.AVG, transport)
@@ -209,11 +228,8 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
             state._aggregation.set_loss_scale(state.scaler.get_scale())
         if not state._node_levels_asked:
             # Every rank is here, at bucket 0 of the first compressed iteration, with the
-            # group's queued calls drained: the ranks check that they run the same spec, and
-            # the groups of the nodes can be made.
+            # group's queued calls drained: the groups of the nodes can be made.
             state._node_levels_asked = True
-            require_agreement(transport, size_and_rank(state.process_group)[0],
-                              describe(f"spec '{state.spec}'"), buffer.device)
             use_node_levels(state._aggregation, state.spec, state.process_group, transport, buffer.device)
         work = state._aggregation.submit_pieces(buffer, pieces, dist.ReduceOp.AVG, transport)
     if bucket.is_last():

@@ -34,10 +34,18 @@ def _fixed(text: str) -> torch.Tensor:
     return out
 
 
-def require_agreement(transport, size: int, description: str, device=None) -> None:
+_CONFIGURED = ("the ranks of this group were configured differently, and it refuses to start before any payload "
+               "moves", "give every rank the same GRADZIP_AGGREGATION (or pg_options) and the same gradzip build")
+RESUMED = ("the ranks of this group are not at the same point of their aggregation's state, and it refuses to go on "
+           "before any payload moves", "resume every rank from the same checkpoint (a rank's own state_dict() of "
+           "the same step, or one state_dict(portable=True)), or none")
+
+
+def require_agreement(transport, size: int, description: str, device=None, problem=_CONFIGURED) -> None:
     """All-gathers `description` over `transport` (a c10d Backend of the group's ranks, moving
     `device` tensors; default CPU) and raises ValueError on every rank, naming which ranks said
-    what, unless all are equal."""
+    what, unless all are equal. `problem`: what a difference means and what to do about it
+    (default: ranks configured differently; RESUMED: ranks resumed from different points)."""
     mine = _fixed(description).to(device or "cpu")
     every = [torch.empty_like(mine) for _ in range(size)]
     transport.allgather([every], [mine]).wait()
@@ -48,8 +56,4 @@ def require_agreement(transport, size: int, description: str, device=None) -> No
     for rank, text in enumerate(said):
         sides.setdefault(text, []).append(rank)
     named = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {text}" for text, r in sides.items())
-    raise ValueError(
-        f"gradzip: the ranks of this group were configured differently, and it refuses to start before any "
-        f"payload moves ({named}); give every rank the same GRADZIP_AGGREGATION (or pg_options) and the same "
-        "gradzip build"
-    )
+    raise ValueError(f"gradzip: {problem[0]} ({named}); {problem[1]}")

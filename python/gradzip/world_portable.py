@@ -37,6 +37,9 @@ from .checkpoint import CheckpointError, stamped
 MASS_FIELDS = ("residual", "velocity")
 # The two-phase owners' state: bound to the world size its chunks were cut for.
 WORLD_BOUND_FIELDS = ("owner_residual", "owner_offset")
+# What every rank of a job in step holds alike: the calls and steps of each key, its chosen
+# level and its loss scale.
+COUNTER_FIELDS = ("calls", "step", "level", "loss_scale")
 
 
 def field_of(name: str) -> str:
@@ -47,6 +50,19 @@ def field_of(name: str) -> str:
 def l1_mass(tensors: dict, fields) -> float:
     """The L1 norm of the state tensors whose field is one of `fields`."""
     return sum(float(value.abs().sum()) for name, value in tensors.items() if field_of(name) in fields)
+
+
+def counters_digest(tensors: dict) -> str:
+    """A digest of the counters among `tensors` (one rank's "<key>/<field>" state): the same on
+    every rank of a job in step, whatever each rank's residuals; "none" for an empty state.
+    Ranks that resumed from checkpoints of different steps differ here."""
+    counters = sorted((name, value) for name, value in tensors.items() if field_of(name) in COUNTER_FIELDS)
+    if not counters:
+        return "none"
+    digest = 0
+    for name, value in counters:
+        digest = zlib.crc32(name.encode() + value.detach().to("cpu", torch.float64).numpy().tobytes(), digest)
+    return f"{digest:08x} over {len(counters)} counters"
 
 
 def whose(group) -> dict:

@@ -16,8 +16,14 @@ BEFORE_3 = tuple(door for door in SPECS if door != "fsdp_layers")  # FSDP's laye
 SETS = {"format0": FORMAT_0_DOORS, "format1-unstamped": BEFORE_3, "format1": BEFORE_3, "format2": BEFORE_3,
         "format3": tuple(SPECS)}
 STAMPED = {"format1": 1, "format2": 2, "format3": 3}
-# Doors whose resumed step is not the writer's bit for bit, and why (checkpoint.py).
-NOT_BIT_EXACT = {}
+# Doors whose step runs torch's matmuls on FSDP2's unsharded parameters: their last bits
+# depend on the CPU that runs them (on an AVX-512 Xeon, MKL's and ATen's kernels give step
+# 2's gradients 5e-8 to 1.2e-7 of their largest off the AVX2 machine's that wrote the golden
+# files, and MKL_CBWR=AVX2 with ATEN_CPU_CAPABILITY=avx2 takes back all but fsdp_layers). Their
+# resumed step is compared to within 1e-5 of its largest element: a lost residual moves it
+# by all of that (1.0), so the check still sees any state gradzip mislays. The other doors'
+# steps are bit for bit on every CPU seen.
+CPU_DEPENDENT = ("fsdp", "fsdp_layers")
 
 
 def golden(name, door):
@@ -45,7 +51,11 @@ def test_a_golden_checkpoint_resumes_as_its_writer_did(name, door):
     for rank, (mine, theirs) in enumerate(zip(resumed, saved["outputs"])):
         assert len(mine) == len(theirs)
         for a, b in zip(mine, theirs):
-            assert torch.equal(a, b), (name, door, rank, (a - b).abs().max())
+            if door in CPU_DEPENDENT:
+                torch.testing.assert_close(a, b, rtol=0, atol=1e-5 * float(b.abs().max()),
+                                           msg=lambda m: f"{name} {door} rank {rank}: {m}")
+            else:
+                assert torch.equal(a, b), (name, door, rank, (a - b).abs().max())
 
 
 def _resume(rank, world_size, door, checkpoints):

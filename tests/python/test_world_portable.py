@@ -280,3 +280,54 @@ def test_diloco_resumes_at_another_world_size_with_its_error_feedback_mass(tmp_p
         assert loaded.keys() == portable["aggregation"]["tensors"].keys()
         assert all(torch.equal(v, portable["aggregation"]["tensors"][k]) for k, v in loaded.items())
         assert torch.equal(weights, resumed[0][1]), "the resumed ranks disagree"
+
+
+def resumed_from_different_steps(rank, world, door):
+    """Each rank saves its own state after every step; at step 4 rank 0 resumes from its
+    latest (step 3) and rank 1 from an older one (step 1): still in the density warm-up, and
+    its layer levels chosen at other calls. Returns what the next step raised."""
+    import copy
+    import gradzip
+    dist.init_process_group("gloo")
+    spec = "topk:density=0.05,density_warmup=3"
+    if door == "hook":
+        torch.manual_seed(0)
+        ddp = DDP(torch.nn.Sequential(torch.nn.Linear(16, 128), torch.nn.ReLU(), torch.nn.Linear(128, 4)))
+        aggregation = gradzip.hooks.State(spec, model=ddp)  # layers=adapt: levels agreed at set calls
+        ddp.register_comm_hook(aggregation, gradzip.hooks.hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+
+        def step(i):
+            opt.zero_grad()
+            ddp(torch.randn(8, 16, generator=torch.Generator().manual_seed(1000 * i + rank))).pow(2).mean().backward()
+            opt.step()
+    else:
+        aggregation = gradzip.Aggregation(spec)
+
+        def step(i):
+            aggregation({"a": torch.randn(20000, generator=torch.Generator().manual_seed(10 * i + rank))})
+    saved = []
+    for i in range(6):
+        if i == 4:
+            aggregation.load_state_dict(saved[1] if rank == 1 else saved[3])
+        try:
+            step(i)
+        except ValueError as error:
+            return i, str(error)
+        saved.append(copy.deepcopy(aggregation.state_dict()))
+    return None
+
+
+@pytest.mark.parametrize("door", ["hook", "Aggregation"])
+def test_ranks_resumed_from_different_steps_are_refused_before_any_payload_moves(door):
+    """A rank that comes back with an older checkpoint than the others: at the hook with
+    layers=adapt the ranks would choose levels at different calls and wait for each other
+    for ever; every rank raises at the first step instead, naming where each rank is."""
+    for outcome in run_ranks(resumed_from_different_steps, 2, door, timeout=60):
+        assert outcome is not None, "the ranks went on from different steps"
+        at, message = outcome
+        assert at == 4, message
+        assert "not at the same point of their aggregation's state" in message
+        assert "resume every rank from the same checkpoint" in message
+        if door == "hook":
+            assert "rank 0: iteration 4" in message and "rank 1: iteration 2" in message, message
