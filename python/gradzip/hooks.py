@@ -122,8 +122,8 @@ class State:
     def set_process_group(self, group, previous_size: int = None) -> float:
         """Aggregates over `group` from the next bucket on: the group of a new membership (a
         torchft quorum), which torch.distributed need not know. Every rank of `group` must call
-        it before the same step: the next compressed bucket checks again, on `group`, that its
-        ranks run the same spec (a collective, as at the first compressed bucket).
+        it before the same step: the next bucket 0 checks again, on `group`, that its
+        ranks run the same spec from the same point (a collective, as at the first bucket).
 
         previous_size: the number of ranks W the error feedback was accumulated over (None:
         leave it as it is: a State that has not aggregated, or one that took a peer's state).

@@ -1,10 +1,15 @@
-"""Ranks configured differently are stopped before any payload moves. When a gradzip group is
-made (and at the first compressed call of a hook State or a gradzip.Aggregation), its ranks
-all-gather what each was configured with (the aggregation spec, gradzip's
-release, the payload format) and every rank raises the same error, naming each side, if they
-differ: a rank given another spec (GRADZIP_AGGREGATION set differently on one node) would
-otherwise decode the others' payloads as garbage, or make Gloo abort the process on a size
-mismatch. One all-gather of 512 bytes per rank, once per group."""
+"""Ranks configured differently, or resumed from different points, are stopped before any
+payload moves. When a gradzip group is made (and at the first call of a hook State, a
+gradzip.Aggregation or the FSDP door's State), its ranks all-gather what each was configured
+with (the aggregation spec, gradzip's release, the payload format) and every rank raises the
+same error, naming each side, if they differ: a rank given another spec (GRADZIP_AGGREGATION
+set differently on one node) would otherwise decode the others' payloads as garbage, or make
+Gloo abort the process on a size mismatch. One all-gather of 512 bytes per rank, once per
+group. Those three doors then compare where each rank is in its state (its counters; the
+hook's iteration), again at the first call after a load_state_dict() or a new process group:
+a rank back from an older checkpoint than the others would compress at another density or
+choose its layers' levels at other calls, and the ranks would wait for each other for ever.
+"""
 import hashlib
 from importlib import metadata
 
