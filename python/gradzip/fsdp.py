@@ -39,9 +39,10 @@ from .checkpoint import fsdp_state, require_same_spec, stamped
 from .fsdp_layout import shard_layout
 from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
-from .options import Spec, bind_spec
+from .spec import Spec, bind_spec
 from .rank_agreement import RESUMED, describe, require_agreement
-from .world_portable import counters_digest
+from .fsdp_portable import ROOT, module_name, to_inputs, to_parameters
+from .world_portable import counters_digest, require_same_world, state_for_world
 
 
 class State:
@@ -68,6 +69,8 @@ class State:
         self.layer_aware: bool = self._aggregation.by_layers  # the spec's layers, auto resolved, not off
         self._node_levels_asked = False  # the hierarchical exchange's groups, made at the first call
         self._agree = True  # the ranks check that they run the same spec from the same point at the next call
+        self._modules = {}  # the FSDP modules compress() set, by key
+        self._group = process_group  # the reduce-scatter's group (None: the default group until the first call)
 
     def stats(self) -> dict:
         """Bytes the reduce-scatters sent since the last reset_stats() ("dense_bytes": a dense fp32 ring's)."""
@@ -76,16 +79,28 @@ class State:
     def reset_stats(self) -> None:
         self._aggregation.reset_stats()
 
-    def state_dict(self) -> dict:
-        """The spec's text and the error feedback as named tensors ("<module>/<field>")."""
-        return stamped({"spec": str(self.spec), "state": self._aggregation.state_dict()})
+    def state_dict(self, portable: bool = False) -> dict:
+        """The spec's text and the error feedback as named tensors ("<module>:<input
+        numel>/<field>"), for this rank of this world size. portable=True: a collective over
+        the reduce-scatter's group giving every rank the same dict, loadable at any world
+        size: each residual and velocity cut by parameter, then gradzip.world_portable's rule
+        (gradzip.fsdp_portable)."""
+        if not portable:
+            return state_for_world({"spec": str(self.spec)}, "state", self._aggregation.state_dict(), self._group,
+                                   "gradzip.fsdp", False)
+        size = dist.get_world_size(self._group)
+        by_parameter = to_parameters(self._aggregation.state_dict(), self._modules, size)
+        return state_for_world({"spec": str(self.spec)}, "state", by_parameter, self._group, "gradzip.fsdp", True)
 
     def load_state_dict(self, state: dict) -> None:
-        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint)."""
+        """Reads a state_dict() of this build or of an earlier one (gradzip.checkpoint); a
+        portable one (state_dict(portable=True)) at any world size, after compress()."""
         state = fsdp_state(state)
+        require_same_world(state, self._group, "gradzip.fsdp")
         require_same_spec("gradzip.fsdp", state["spec"], self.spec,
                           "format 1 or 2 compressed each chunk whole, as layers=off", "give", state["state"])
-        self._aggregation.load_state_dict(state["state"])
+        tensors = to_inputs(state["state"], self._modules) if state.get("portable") else state["state"]
+        self._aggregation.load_state_dict(tensors)
         self._agree = True
 
     def reduce_scatter(self, output: torch.Tensor, input: torch.Tensor, key: str, op, group,
@@ -93,6 +108,7 @@ class State:
         """Reduces `input` (group size × output.numel() elements) into this rank's `output`;
         `pieces`: each chunk's (parameter name, numel) layout, or None (each chunk whole)."""
         group = self.process_group if self.process_group is not None else group
+        self._group = group
         transport = transport_of(group, input.device)
         if self._agree:  # every rank is in its first call, or its first after a load: a collective point
             self._agree = False
@@ -126,7 +142,7 @@ class CompressedReduceScatter(ReduceScatter):
                              f"reduce-scatter group {group.size()}; they must be the same ranks")
         # FSDP leaves parameters without a gradient out of the input: each size the module's
         # input takes keeps its own error feedback.
-        pieces, why = shard_layout(self.module, output_tensor.numel())
+        pieces, why = shard_layout(self.module, output_tensor.numel(), module_name(self.key))
         if pieces is None and not self._said_whole and self.state.layer_aware:
             self._said_whole = True
             warnings.warn(f"gradzip.fsdp: the reduce-scatter of FSDP module {self.key!r} compresses each chunk "
@@ -146,7 +162,8 @@ def compress(module: torch.nn.Module, spec, process_group=None, optimizer=None) 
     found = 0
     for name, sub in module.named_modules():
         if isinstance(sub, FSDPModule):
-            sub.set_custom_reduce_scatter(CompressedReduceScatter(state, name or "(root)", sub))
+            state._modules[name or ROOT] = sub
+            sub.set_custom_reduce_scatter(CompressedReduceScatter(state, name or ROOT, sub))
             found += 1
     if not found:
         raise ValueError("gradzip.fsdp.compress: the module holds no FSDP module; call fully_shard() on it first")

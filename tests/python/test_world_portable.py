@@ -331,3 +331,71 @@ def test_ranks_resumed_from_different_steps_are_refused_before_any_payload_moves
         assert "resume every rank from the same checkpoint" in message
         if door == "hook":
             assert "rank 0: iteration 4" in message and "rank 1: iteration 2" in message, message
+
+
+def fsdp_at(rank, world, path, resume=False):
+    """FSDP2 over an MLP whose layers' 61 and 80 rows shard unevenly (padded at 4 ranks or at
+    3; the second layer's weight shards compressed at a level of their own), STC with layer
+    adaptation: three steps and the own and portable states (rank 0
+    saving the portable one), or, resumed from it, the state as loaded, portable again, and
+    after two more steps."""
+    import gradzip
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(40, 61), torch.nn.Tanh(), torch.nn.Linear(61, 80))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2]):
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    state = gradzip.fsdp.compress(model, "stc:adapt_every=1,density=0.1")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def steps(first, count):
+        for i in range(first, first + count):
+            opt.zero_grad()
+            model(torch.randn(8, 40, generator=torch.Generator().manual_seed(100 * i + rank))).square().mean().backward()
+            opt.step()
+
+    if resume:
+        state.load_state_dict(torch.load(path, weights_only=False))
+        loaded, again = state.state_dict()["state"], state.state_dict(portable=True)
+        steps(3, 2)
+        return loaded, again, state.state_dict()["state"]
+    steps(0, 3)
+    own, portable = state.state_dict(), state.state_dict(portable=True)
+    if rank == 0:
+        torch.save(portable, path)
+    return own, portable
+
+
+def test_the_fsdp_doors_state_moves_from_4_ranks_to_3_cut_by_parameter(tmp_path):
+    """The FSDP door's residuals have the reduce-scatter input's layout (each rank's padded
+    shard of every parameter); state_dict(portable=True) cuts them by parameter and averages
+    them, and a job at 3 ranks lays them out for its own shards: the mass not yet sent is
+    conserved, and the loaded state, made portable again at 3 ranks, is the saved one bit
+    for bit."""
+    path = str(tmp_path / "fsdp.pt")
+    saved = run_ranks(fsdp_at, 4, path)
+    own, portable = saved[0]
+    assert own["world_size"] == 4 and portable["portable"]
+    tensors = portable["state"]
+    assert {"0:0.weight,0.bias/0.weight/residual", "2:2.weight,2.bias/2.weight/level"} <= set(tensors)
+    for module, parameters in (("0", "0.weight,0.bias"), ("2", "2.weight,2.bias")):
+        mean = sum(float(o["state"][k].double().sum()) for o, _ in saved for k in o["state"]
+                   if k.startswith(f"{module}:") and k.endswith("/residual")) / 4
+        cut = sum(float(v.double().sum()) for k, v in tensors.items()
+                  if k.startswith(f"{module}:{parameters}/") and k.endswith("/residual"))
+        assert cut == pytest.approx(mean, rel=1e-6, abs=1e-9), module
+        assert (mean != 0) == (module == "2"), module  # the first layer's shards go exact (under 1024 elements)
+    assert tensors["0:0.weight,0.bias/0.weight/residual"].numel() == 61 * 40
+
+    resumed = run_ranks(fsdp_at, 3, path, True)
+    for loaded, again, after in resumed:
+        assert set(loaded) == {"0:2583/calls", "0:2583/residual", "0:2583/step", "2:5022/2.weight/level",
+                               "2:5022/calls", "2:5022/residual", "2:5022/step"}  # 3 × (21·40 + 21), 3 × (27·61 + 27)
+        assert again["state"].keys() == tensors.keys()
+        for name, value in tensors.items():
+            assert torch.equal(again["state"][name], value), name
+        assert after["0:2583/calls"] == loaded["0:2583/calls"] + 2
