@@ -17,7 +17,8 @@ import torch.distributed  # before _C: pybind11 must know c10d.Backend first
 
 from ._extension import _C
 from .launch import init_process_group, launch_environment
-from .options import Options, Spec, SpecError, aggregations, canonical_spec
+from .options import Options
+from .spec import Spec, SpecError, aggregations, canonical_spec
 from .backend import register
 from .stats import reset_stats, set_loss_scale, stats
 from .group_state import load_state_dict, state_dict

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from ._extension import _C
 from .checkpoint import aggregation_state
 from ._transport import transport_of, use_node_levels
-from .options import bind_spec
+from .spec import bind_spec
 from .rank_agreement import RESUMED, describe, require_agreement
 from .world_portable import counters_digest, require_same_world, state_for_world
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}

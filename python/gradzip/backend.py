@@ -8,7 +8,8 @@ from . import mpi
 from ._extension import _C
 from .node_layout import (gloo_maker, layout_ranks, node_layout, node_transports, shared_memory_name,
                           shared_memory_wanted)
-from .options import Options, SpecError
+from .options import Options
+from .spec import SpecError
 from .rank_agreement import describe, require_agreement
 
 BACKEND_NAME = "gradzip"

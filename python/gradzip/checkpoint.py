@@ -38,7 +38,7 @@ tests/python/test_checkpoints.py.
 import torch
 
 from .momentum_folding import HOOK_DENSITY_WARMUP
-from .options import aggregations, bind_spec
+from .spec import aggregations, bind_spec
 
 FORMAT = 3
 

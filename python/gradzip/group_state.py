@@ -12,7 +12,7 @@ before this door existed.
 import torch
 
 from .checkpoint import CheckpointError, format_1_state
-from .options import bind_spec
+from .spec import bind_spec
 from .stats import _backend
 from .world_portable import require_same_world, state_for_world
 

@@ -40,7 +40,7 @@ from ._extension import _C
 from ._transport import drain, size_and_rank, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
-from .options import Spec, bind_spec
+from .spec import Spec, bind_spec
 from .rank_agreement import RESUMED, describe, require_agreement
 from .world_portable import (MASS_FIELDS, WORLD_BOUND_FIELDS, counters_digest, field_of, l1_mass, require_same_world,
                              state_for_world)

@@ -11,7 +11,7 @@ HOOK_DENSITY_WARMUP calls of each tensor unless the spec sets `density_warmup` i
 """
 import torch
 
-from .options import Spec, aggregations, bind_spec
+from .spec import Spec, aggregations, bind_spec
 
 # The density warm-up a sparsifier folded at the DDP hook takes when its spec sets none:
 # calls of each tensor, 5 at each of 25%, 6.25%, 1.56% and 0.39% (never below the spec's

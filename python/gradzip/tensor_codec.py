@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from ._extension import _C
-from .options import SpecError, bind_spec
+from .spec import SpecError, bind_spec
 
 PayloadError = _C.PayloadError
 

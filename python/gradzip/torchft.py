@@ -39,7 +39,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as _TorchDDP
 
 from .hooks import State, hook
-from .options import bind_spec
+from .spec import bind_spec
 
 
 def _flat(spec) -> str:

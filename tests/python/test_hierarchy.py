@@ -367,7 +367,7 @@ def reduce_scatter_over_layout(rank, world, layout, m):
     consecutive): this rank's chunk of the compressed reduce-scatter."""
     from gradzip import _C
     from gradzip.node_layout import layout_ranks, node_transports
-    from gradzip.options import bind_spec
+    from gradzip.spec import bind_spec
     dist.init_process_group("gloo")
     cpu = torch.device("cpu")
 
