@@ -94,7 +94,7 @@ def main():
 
     # The finiteness check every compressed all-reduce makes before encoding (its floor: one
     # read of x, 4n bytes), against torch's own way to ask.
-    finite_check = median_time(lambda: _C.all_finite(x), args.repetitions)
+    finite_check = median_time(lambda: _C.testing.all_finite(x), args.repetitions)
     torch_finite = median_time(lambda: torch.isfinite(x).all().item(), args.repetitions)
 
     k = max(1, n // 100)

@@ -63,12 +63,12 @@ def main():
         for density in (0.001, 0.01):
             k = int(n * density + 0.999999)
             spec = f"topk:density={density}"
-            ours = timed(lambda: _C.cuda_encode(x, spec, residual, 0, 0, 0), reps)
+            ours = timed(lambda: _C.testing.cuda_encode(x, spec, residual, 0, 0, 0), reps)
             torch_s = timed(lambda: torch.topk(x.abs(), k, sorted=False), reps)
             rows.append(dict(kernel=f"torch.topk(|x|) {density:g}", n=n, seconds=torch_s, over_copy=torch_s / copy_s))
             rows.append(dict(kernel=f"topk+EF {density:g}", n=n, seconds=ours, torch_topk_seconds=torch_s,
                              speedup_vs_torch_topk=torch_s / ours, over_copy=ours / copy_s))
-            approx = timed(lambda: _C.cuda_encode(x, spec + ",approx=1", residual, 0, 0, 0), reps)
+            approx = timed(lambda: _C.testing.cuda_encode(x, spec + ",approx=1", residual, 0, 0, 0), reps)
             rows.append(dict(kernel=f"topk approx+EF {density:g}", n=n, seconds=approx,
                              speedup_vs_torch_topk=torch_s / approx, over_copy=approx / copy_s))
         packers = [("sign (no EF)", "sign", None, 4 * n + n / 8 + 4 * n / 512),
@@ -79,18 +79,18 @@ def main():
                    ("qsgd 8-bit", "qsgd:bits=8", None, 4 * n + n + 4 * n / 512),
                    ("stc+EF 0.01", "stc:density=0.01", residual, None)]
         for name, spec, res, moved in packers:
-            s = timed(lambda: _C.cuda_encode(x, spec, res, 0, 0, 0), reps)
+            s = timed(lambda: _C.testing.cuda_encode(x, spec, res, 0, 0, 0), reps)
             row = dict(kernel=name, n=n, seconds=s, over_copy=s / copy_s)
             if moved:
                 row["of_copy_bw"] = moved / s / copy_bw
             rows.append(row)
         for spec in ("topk:density=0.01", "stc:density=0.01", "sign", "qsgd:bits=4", "fp16"):
-            payloads = [_C.cuda_encode(torch.randn(n, device="cuda"), spec, None, 0, 0, r) for r in range(8)]
-            payload_rows = _C.cuda_payload_rows(payloads, torch.device("cuda"))
+            payloads = [_C.testing.cuda_encode(torch.randn(n, device="cuda"), spec, None, 0, 0, r) for r in range(8)]
+            payload_rows = _C.testing.cuda_payload_rows(payloads, torch.device("cuda"))
             payload_sizes = [p.numel() for p in payloads]
             del payloads
             out = torch.empty(n, device="cuda")
-            s = timed(lambda: _C.cuda_decode_rows(payload_rows, payload_sizes, out, spec, 0.125, True), reps)
+            s = timed(lambda: _C.testing.cuda_decode_rows(payload_rows, payload_sizes, out, spec, 0.125, True), reps)
             rows.append(dict(kernel=f"decode x8 {spec}", n=n, seconds=s, over_copy=s / copy_s))
             del payload_rows
         del x, residual, copy_target

@@ -7,7 +7,7 @@
 #include "codec/element_math.cuh"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 #include "payload_rows.h"
 
 namespace gradzip::cuda {

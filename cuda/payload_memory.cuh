@@ -15,15 +15,17 @@
 #include <vector>
 
 #include "codec/codec_record.h"
+#include "codec/device_half.h"
+#include "codec/payload_padding.h"
 #include "cuda_check.h"
 
 namespace gradzip::cuda {
 namespace {  // each translation unit its own copy of these small kernels
 
-// Device memory for a payload of `size` bytes (DeviceArena::payload): rounded up to 8
-// (the packers store whole words), 8-byte aligned.
+// Device memory for a payload of `size` bytes (DeviceArena::payload): padded_payload_bytes,
+// 8-byte aligned.
 inline uint8_t* payload_memory(DeviceArena& arena, size_t size) {
-  return static_cast<uint8_t*>(arena.payload(size < 8 ? 8 : (size + 7) / 8 * 8));
+  return static_cast<uint8_t*>(arena.payload(static_cast<size_t>(padded_payload_bytes(static_cast<int64_t>(size)))));
 }
 
 // The longest fixed part of any payload (stc: 38 bytes), rounded up.

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "codec/payload_padding.h"
 #include "codec/wire.h"
 #include "device_codec.h"
 
@@ -34,7 +35,9 @@ template <auto kDecodeRows>
 void decode_add_as_one_row(const uint8_t* payload, const uint8_t* prefix, size_t have, size_t size, float* out,
                            int64_t n, int* error, DeviceArena&, cudaStream_t stream) {
   const std::vector<size_t> sizes = {size};
-  kDecodeRows(PayloadRows{payload, (size + 7) / 8 * 8, prefix, have, have, &sizes}, 1.0f, false, out, n, error,
+  kDecodeRows(PayloadRows{payload, static_cast<size_t>(padded_payload_bytes(static_cast<int64_t>(size))), prefix, have,
+                          have, &sizes},
+              1.0f, false, out, n, error,
               stream);
 }
 

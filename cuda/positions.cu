@@ -11,7 +11,7 @@
 #include "codec/wire.h"
 #include "cuda_check.h"
 #include "decode_accumulate.h"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 #include "scratch_carver.h"
 
 namespace gradzip::cuda {

@@ -10,7 +10,7 @@
 #include "codec/randomk_codec.h"
 #include "codec/wire.h"
 #include "cuda_check.h"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 
 namespace gradzip::cuda {
 namespace {

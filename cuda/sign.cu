@@ -8,7 +8,7 @@
 #include "codec/block_lanes.cuh"
 #include "cuda_check.h"
 #include "codec/element_math.cuh"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 #include "codec/sign_codec.h"
 #include "decode_accumulate.h"
 #include "payload_rows.h"

@@ -8,7 +8,7 @@
 #include "codec/wire.h"
 #include "cuda_check.h"
 #include "decode_accumulate.h"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 #include "positions.h"
 #include "topk_select.h"
 

@@ -9,7 +9,7 @@
 
 #include "cuda_check.h"
 #include "codec/element_math.cuh"
-#include "payload_bytes.cuh"
+#include "payload_memory.cuh"
 #include "scratch_carver.h"
 #include "topk_select.h"
 

@@ -22,6 +22,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "codec/device_half.h"
 #include "codec/selection_codec.h"
 
 namespace gradzip::cuda {

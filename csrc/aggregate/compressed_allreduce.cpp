@@ -188,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   // anything is written): no 4n-byte buffer and no pass to copy it back.
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  const auto codec = how.pieces.empty() ? tensor_codec(how.codec, device) : piecewise_codec(how.pieces);
+  const auto codec = how.pieces.empty() ? slot_codec(how.codec, device) : piecewise_codec(how.pieces);
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) sum.sign_();

@@ -102,7 +102,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::scatter(at::Tensor& output, 
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor shard = at::empty({output.numel()}, at::dtype(at::kFloat).device(device));
-  const auto tensor = pieces.empty() ? tensor_codec(codec, device) : piecewise_codec(std::move(pieces));
+  const auto tensor = pieces.empty() ? slot_codec(codec, device) : piecewise_codec(std::move(pieces));
   const int64_t sent = hierarchy ? hierarchical_reduce_scatter(hierarchy->levels, *tensor, *codec, call, shard, transport)
                                  : compressed_reduce_scatter(*tensor, *codec, call, shard, transport);
   if (masking) mask_momentum(state, call, unsent, sent_positions);

@@ -6,7 +6,7 @@
 #include <c10/util/Exception.h>
 
 #ifdef GRADZIP_WITH_CUDA
-#include "aggregate/device_codec_glue.h"
+#include "aggregate/device_slot_codec.h"
 #endif
 
 namespace gradzip {

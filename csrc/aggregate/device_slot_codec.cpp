@@ -1,4 +1,4 @@
-#include "aggregate/device_codec_glue.h"
+#include "aggregate/device_slot_codec.h"
 
 #include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -132,13 +132,13 @@ struct SlotHeads {
   std::vector<size_t> sizes;
 };
 
-class DeviceTensorCodec final : public TensorCodec {
+class DeviceSlotCodec final : public SlotCodec {
  public:
-  explicit DeviceTensorCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
+  explicit DeviceSlotCodec(std::shared_ptr<const Codec> codec) : codec_(std::move(codec)) {}
 
   int64_t slot_bytes(int64_t n) const override { return gradzip::slot_bytes(*codec_, n); }
-  std::unique_ptr<TensorCodec> part(int64_t, int64_t) const override {
-    return std::make_unique<DeviceTensorCodec>(codec_);
+  std::unique_ptr<SlotCodec> part(int64_t, int64_t) const override {
+    return std::make_unique<DeviceSlotCodec>(codec_);
   }
 
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
@@ -213,9 +213,9 @@ void record_on_current_stream(const at::Tensor& t) {
   t.record_stream(c10::cuda::getCurrentCUDAStream(t.device().index()));
 }
 
-std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec) {
+std::unique_ptr<SlotCodec> device_slot_codec(std::shared_ptr<const Codec> codec) {
   TORCH_CHECK(cuda::has_device_half(*codec), "gradzip: the ", codec->name(), " codec has no GPU encoder");
-  return std::make_unique<DeviceTensorCodec>(std::move(codec));
+  return std::make_unique<DeviceSlotCodec>(std::move(codec));
 }
 
 }  // namespace gradzip

@@ -7,7 +7,7 @@
 #include <memory>
 #include <vector>
 
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 #include "codec/codec_record.h"
 
 namespace gradzip {
@@ -33,9 +33,9 @@ void decode_add_on_device(CodecId codec, const at::Tensor& gathered, int64_t str
 // A no-op on its own stream.
 void record_on_current_stream(const at::Tensor& t);
 
-// The TensorCodec (aggregate/exchange.h) of a codec with a device half, for CUDA
+// The SlotCodec (aggregate/exchange.h) of a codec with a device half, for CUDA
 // tensors: encodes and decodes on the current stream. Decoding reads each slot's size
 // and its payload's fixed fields on the host in one small copy.
-std::unique_ptr<TensorCodec> device_tensor_codec(std::shared_ptr<const Codec> codec);
+std::unique_ptr<SlotCodec> device_slot_codec(std::shared_ptr<const Codec> codec);
 
 }  // namespace gradzip

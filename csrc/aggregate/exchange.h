@@ -1,5 +1,5 @@
 // Exchange: how a compressed all-reduce moves its payloads between the ranks, the same
-// code for CPU and CUDA tensors (a TensorCodec encodes and decodes on the tensor's
+// code for CPU and CUDA tensors (a SlotCodec encodes and decodes on the tensor's
 // device; the transport moves the bytes). Each scheme is a record (ExchangeScheme) and
 // an Exchange in its own file, listed once in aggregate/exchange_schemes.cpp; the spec's
 // `exchange` key names one, or auto, which chooses by bytes (choose_exchange). A
@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "aggregate/exchange_rounds.h"
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 #include "gradzip/aggregation.h"
 #include "gradzip/codec.h"
 
@@ -132,7 +132,7 @@ class Exchange {
   virtual Chunk owned(int64_t n, int ranks, int rank) const = 0;
   // Writes scale × the sum over the ranks into `sum` (contiguous float32, n elements, on
   // the codec's device) and returns the bytes this rank sent.
-  virtual int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+  virtual int64_t allreduce(const SlotCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                             const c10::intrusive_ptr<c10d::Backend>& transport) const = 0;
 };
 // The hierarchical exchange over `levels`: an exact fp32 reduce-scatter inside each node
@@ -158,7 +158,7 @@ int lane_rounds(const Codec& codec, int64_t shard, const NodeLevels& levels, int
 // (P − 1)·c(n/P) against the ring's (P − 1)/P·n·(element size), for any n and P (chunks
 // differ by one element at most, no padding is sent). The owner_residual and majority fields are not used. A piece
 // that cannot be decoded raises on its owner only (no rank hears back from another).
-int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+int64_t compressed_reduce_scatter(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                                   at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport);
 
 // compressed_reduce_scatter's result over `levels` (with P = its nodes × ranks per node
@@ -171,7 +171,7 @@ int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, c
 // compressed.
 // In shared memory the node's sums run in the lane's rounds, as the all-reduce's do.
 // Returns the bytes this rank sent.
-int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
+int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const SlotCodec& codec, const Codec& host,
                                     const ExchangeCall& call, at::Tensor shard,
                                     const c10::intrusive_ptr<c10d::Backend>& transport);
 

@@ -57,7 +57,7 @@ at::Tensor Flights::finish(size_t i) {
   return flight.received.to(call_.x.device());
 }
 
-PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+PhaseOne scatter_rounds(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                         const c10::intrusive_ptr<c10d::Backend>& transport, Flights& flights) {
   const int ranks = transport->getSize();
   const int64_t n = call.x.numel();

@@ -15,18 +15,18 @@
 namespace gradzip {
 
 // The codec of elements `c` of the vector: `codec` itself when it is uniform (the same
-// everywhere), else its part (TensorCodec::part). Returns a reference valid while the
+// everywhere), else its part (SlotCodec::part). Returns a reference valid while the
 // holder lives.
 class PartCodec {
  public:
-  PartCodec(const TensorCodec& codec, const Chunk& c)
+  PartCodec(const SlotCodec& codec, const Chunk& c)
       : part_(codec.uniform() ? nullptr : codec.part(c.begin, c.length)), codec_(part_ ? *part_ : codec) {}
-  const TensorCodec& operator*() const { return codec_; }
-  const TensorCodec* operator->() const { return &codec_; }
+  const SlotCodec& operator*() const { return codec_; }
+  const SlotCodec* operator->() const { return &codec_; }
 
  private:
-  std::unique_ptr<TensorCodec> part_;
-  const TensorCodec& codec_;
+  std::unique_ptr<SlotCodec> part_;
+  const SlotCodec& codec_;
 };
 
 [[noreturn]] void raise_for_slot(const SlotError& e, const std::string* key, const char* what);
@@ -79,7 +79,7 @@ struct PhaseOne {
   int rounds;
   int64_t stride;
 };
-PhaseOne scatter_rounds(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+PhaseOne scatter_rounds(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                         const c10::intrusive_ptr<c10d::Backend>& transport, Flights& flights);
 
 }  // namespace gradzip

@@ -9,13 +9,14 @@
 
 #include "work/completed_work.h"
 #include "aggregate/exact_allreduce.h"
-#include "aggregate/peer_exchange.h"
+#include "aggregate/neighbour_messages.h"
 #include "aggregate/peer_header.h"
+#include "codec/payload_padding.h"
 #include "aggregate/slots.h"
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 #include "codec/codec_record.h"
 #ifdef GRADZIP_WITH_CUDA
-#include "aggregate/device_codec_glue.h"
+#include "aggregate/device_slot_codec.h"
 #endif
 
 namespace gradzip {
@@ -45,7 +46,7 @@ std::string describe(const PeerHeader& h) {
 // Checks a peer's header before its message is received: well formed, for the same
 // tensor and step as mine, and each message within what its receiver accepts. Both ends
 // of a pair judge both messages from the same two headers, so they refuse together
-// (exchange_with_peers then moves no bytes between them) and each names the cause.
+// (exchange_neighbour_messages then moves no bytes between them) and each names the cause.
 PeerHeaderCheck header_check(const PeerHeader& mine, int rank, const std::string& key) {
   return [mine, rank, &key](int peer, const std::vector<int64_t>& fields) {
     PeerHeader theirs;
@@ -84,9 +85,9 @@ int64_t bytes_received(const std::vector<PeerMessage>& messages) {
 // Adds a payload (uint8, any device) into `target` (on the codec's device), as the
 // codec's decode_add adds it. It goes through a slot of its own (aggregate/slots.h): the
 // decoders read whole 8-byte words.
-void add_payload(const TensorCodec& codec, const at::Tensor& payload, at::Tensor& target) {
+void add_payload(const SlotCodec& codec, const at::Tensor& payload, at::Tensor& target) {
   const int64_t size = payload.numel();
-  const int64_t stride = kSlotHeaderBytes + std::max<int64_t>(8, (size + 7) / 8 * 8);
+  const int64_t stride = kSlotHeaderBytes + padded_payload_bytes(size);
   at::Tensor slot = at::zeros({stride}, at::dtype(at::kByte).device(target.device()));
   slot.narrow(0, 0, kSlotHeaderBytes).view(at::kLong).fill_(size);
   slot.narrow(0, kSlotHeaderBytes, size).copy_(payload);
@@ -203,7 +204,7 @@ c10::intrusive_ptr<c10d::Work> GossipAverage::allreduce(std::vector<at::Tensor>&
   const auto flat = tensor.detach().contiguous().view(-1);
   const auto bytes = flat.view(at::kByte);
   const auto header = message_header(bytes.numel(), true, tensor, step, bytes.numel());
-  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
+  const auto messages = exchange_neighbour_messages(header.fields(), bytes, ranks_of(neighbours), transport,
                                             header_check(header, rank, key));
 
   // Sum the weighted terms in ascending rank order, this rank's own among them.
@@ -267,7 +268,7 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
 #endif
     return copy;
   };
-  const auto codec = tensor_codec(codec_, device);
+  const auto codec = slot_codec(codec_, device);
   at::Tensor& mine = copy_tensor(rank);
 
   // q = Q(x - x^) goes to the neighbours; every holder of x^ adds the same decoded q.
@@ -286,7 +287,7 @@ c10::intrusive_ptr<c10d::Work> ChocoGossip::allreduce(std::vector<at::Tensor>& t
   const int64_t payload_bytes = bytes.numel();
   const auto header =
       message_header(payload_bytes, finite, tensor, step, static_cast<int64_t>(codec_->max_payload_bytes(n)));
-  const auto messages = exchange_with_peers(header.fields(), bytes, ranks_of(neighbours), transport,
+  const auto messages = exchange_neighbour_messages(header.fields(), bytes, ranks_of(neighbours), transport,
                                             header_check(header, rank, key));
 
   bool all_sent = finite;

@@ -31,7 +31,7 @@ class HierarchicalExchange final : public Exchange {
     const Chunk inner = across_.owned(shard.length, levels_.lane->getSize(), levels_.lane->getRank());
     return {shard.begin + inner.begin, inner.length};
   }
-  int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+  int64_t allreduce(const SlotCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                     const c10::intrusive_ptr<c10d::Backend>& transport) const override {
     TORCH_CHECK(levels_.node->getSize() * levels_.lane->getSize() == transport->getSize(), "gradzip: ",
                 levels_.lane->getSize(), " nodes of ", levels_.node->getSize(), " ranks do not make the group's ",
@@ -45,7 +45,7 @@ class HierarchicalExchange final : public Exchange {
   // it) among the ranks that hold it, with the worker residual of the shard's elements,
   // into `shard_sum`, in `rounds` rounds (a two-phase lane calls `before_round` before
   // each). Returns the bytes sent, and what failed ("" when nothing did).
-  std::pair<int64_t, std::string> across(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+  std::pair<int64_t, std::string> across(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                                          const Chunk& shard, const at::Tensor& shard_x, at::Tensor shard_sum,
                                          int rounds, std::function<void(int)> before_round = {}) const {
     ExchangeCall inner = call;
@@ -97,7 +97,7 @@ class HierarchicalExchange final : public Exchange {
   // so that a two-phase lane sends round s while the node writes and sums round s + 1;
   // a barrier after the results. The next call writes into the other region
   // (NodeSharedMemory::next_region).
-  int64_t through_shared_memory(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+  int64_t through_shared_memory(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                                 at::Tensor sum) const {
     const int local_ranks = levels_.node->getSize();
     const int local = levels_.node->getRank();
@@ -162,7 +162,7 @@ class HierarchicalExchange final : public Exchange {
   // plus the worker residual to local rank j, summed there in local rank order), then an
   // all-gather of the shards' sums, each row one element longer than the longest chunk
   // for its rank's failure flag.
-  int64_t through_node_transport(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+  int64_t through_node_transport(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                                  at::Tensor sum) const {
     const int local_ranks = levels_.node->getSize();
     const int local = levels_.node->getRank();
@@ -233,7 +233,7 @@ at::Tensor index_on(const std::vector<int64_t>& indices, const at::Device& devic
 
 }  // namespace
 
-int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const TensorCodec& codec, const Codec& host,
+int64_t hierarchical_reduce_scatter(const NodeLevels& levels, const SlotCodec& codec, const Codec& host,
                                     const ExchangeCall& call, at::Tensor shard,
                                     const c10::intrusive_ptr<c10d::Backend>& transport) {
   const int local_ranks = levels.node->getSize(), nodes = levels.lane->getSize();

@@ -1,4 +1,4 @@
-#include "aggregate/peer_exchange.h"
+#include "aggregate/neighbour_messages.h"
 
 #include <c10/util/Exception.h>
 
@@ -29,7 +29,7 @@ void post_and_wait(std::vector<at::Tensor>& out, std::vector<at::Tensor>& in, co
 
 }  // namespace
 
-std::vector<PeerMessage> exchange_with_peers(const std::vector<int64_t>& header, const at::Tensor& bytes,
+std::vector<PeerMessage> exchange_neighbour_messages(const std::vector<int64_t>& header, const at::Tensor& bytes,
                                              const std::vector<int>& peers,
                                              const c10::intrusive_ptr<c10d::Backend>& transport,
                                              const PeerHeaderCheck& check) {

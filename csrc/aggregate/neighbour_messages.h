@@ -30,7 +30,7 @@ struct PeerMessage {
 // the others do, then the first refusal is rethrown. Returns the peers' messages in the
 // order of `peers`.
 using PeerHeaderCheck = std::function<void(int rank, const std::vector<int64_t>& header)>;
-std::vector<PeerMessage> exchange_with_peers(const std::vector<int64_t>& header, const at::Tensor& bytes,
+std::vector<PeerMessage> exchange_neighbour_messages(const std::vector<int64_t>& header, const at::Tensor& bytes,
                                              const std::vector<int>& peers,
                                              const c10::intrusive_ptr<c10d::Backend>& transport,
                                              const PeerHeaderCheck& check);

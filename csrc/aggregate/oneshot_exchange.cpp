@@ -11,7 +11,7 @@ namespace {
 class OneShotExchange final : public Exchange {
  public:
   Chunk owned(int64_t, int, int) const override { return {0, 0}; }
-  int64_t allreduce(const TensorCodec& codec, const Codec&, const ExchangeCall& call, at::Tensor sum,
+  int64_t allreduce(const SlotCodec& codec, const Codec&, const ExchangeCall& call, at::Tensor sum,
                       const c10::intrusive_ptr<c10d::Backend>& transport) const override {
     const int ranks = transport->getSize();
     const int64_t stride = codec.slot_bytes(call.x.numel());

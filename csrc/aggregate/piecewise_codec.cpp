@@ -9,14 +9,14 @@
 namespace gradzip {
 namespace {
 
-class PiecewiseTensorCodec final : public TensorCodec {
+class PiecewiseSlotCodec final : public SlotCodec {
  public:
-  explicit PiecewiseTensorCodec(std::vector<CodecPiece> pieces) {
+  explicit PiecewiseSlotCodec(std::vector<CodecPiece> pieces) {
     TORCH_CHECK(!pieces.empty(), "gradzip: a piecewise codec needs at least one piece");
     for (auto& piece : pieces) {
       TORCH_CHECK(piece.numel > 0 && piece.codec, "gradzip: a piece needs elements and a codec");
       parts_.push_back({numel_, piece.numel, bytes_, gradzip::slot_bytes(*piece.codec, piece.numel),
-                        tensor_codec(piece.codec, at::kCPU), piece.codec});
+                        slot_codec(piece.codec, at::kCPU), piece.codec});
       numel_ += piece.numel;
       bytes_ += parts_.back().slot_bytes;
     }
@@ -30,7 +30,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
   }
 
   // Elements [begin, begin + length): the pieces cut to it, each with its codec.
-  std::unique_ptr<TensorCodec> part(int64_t begin, int64_t length) const override {
+  std::unique_ptr<SlotCodec> part(int64_t begin, int64_t length) const override {
     TORCH_CHECK(begin >= 0 && length > 0 && begin + length <= numel_, "gradzip: elements [", begin, ", ",
                 begin + length, ") are not within the ", numel_, " of a piecewise codec");
     std::vector<CodecPiece> cut;
@@ -39,7 +39,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
       const int64_t to = std::min(begin + length, p.offset + p.numel);
       if (from < to) cut.push_back({to - from, p.codec_of_piece});
     }
-    return std::make_unique<PiecewiseTensorCodec>(std::move(cut));
+    return std::make_unique<PiecewiseSlotCodec>(std::move(cut));
   }
 
   // Piece i is encoded under piece_context(ctx, i), its sent positions reported at its
@@ -91,7 +91,7 @@ class PiecewiseTensorCodec final : public TensorCodec {
     int64_t numel;
     int64_t slot_offset;  // of its slot in the tensor's
     int64_t slot_bytes;
-    std::unique_ptr<TensorCodec> codec;
+    std::unique_ptr<SlotCodec> codec;
     std::shared_ptr<const Codec> codec_of_piece;
   };
 
@@ -147,8 +147,8 @@ EncodeContext piece_context(const EncodeContext& ctx, size_t piece) {
   return of_piece;
 }
 
-std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces) {
-  return std::make_unique<PiecewiseTensorCodec>(std::move(pieces));
+std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces) {
+  return std::make_unique<PiecewiseSlotCodec>(std::move(pieces));
 }
 
 }  // namespace gradzip

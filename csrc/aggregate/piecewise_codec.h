@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 
 namespace gradzip {
 
@@ -31,6 +31,6 @@ constexpr int64_t kSmallPiece = 1024;
 EncodeContext piece_context(const EncodeContext& ctx, size_t piece);
 
 // The piecewise codec of a tensor that is `pieces` end to end (at least one).
-std::unique_ptr<TensorCodec> piecewise_codec(std::vector<CodecPiece> pieces);
+std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces);
 
 }  // namespace gradzip

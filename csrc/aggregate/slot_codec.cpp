@@ -1,4 +1,4 @@
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 
 #include <c10/util/Exception.h>
 
@@ -8,7 +8,7 @@
 #include "codec/codec_base.h"
 
 #ifdef GRADZIP_WITH_CUDA
-#include "aggregate/device_codec_glue.h"
+#include "aggregate/device_slot_codec.h"
 #include "cuda/device_codec.h"
 #endif
 
@@ -16,14 +16,14 @@ namespace gradzip {
 namespace {
 
 // The codec's CPU code on CPU tensors.
-class HostTensorCodec final : public TensorCodec {
+class HostSlotCodec final : public SlotCodec {
  public:
-  explicit HostTensorCodec(std::shared_ptr<const Codec> codec)
+  explicit HostSlotCodec(std::shared_ptr<const Codec> codec)
       : codec_(std::move(codec)), elementwise_(dynamic_cast<const ElementwiseCodec*>(codec_.get())) {}
 
   int64_t slot_bytes(int64_t n) const override { return gradzip::slot_bytes(*codec_, n); }
-  std::unique_ptr<TensorCodec> part(int64_t, int64_t) const override {
-    return std::make_unique<HostTensorCodec>(codec_);
+  std::unique_ptr<SlotCodec> part(int64_t, int64_t) const override {
+    return std::make_unique<HostSlotCodec>(codec_);
   }
 
   void encode(const at::Tensor& x, const at::Tensor& residual, const EncodeContext& ctx,
@@ -89,12 +89,12 @@ at::Device codec_device([[maybe_unused]] const Codec& codec, const at::Tensor& t
   return at::Device(at::kCPU);
 }
 
-std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device) {
+std::unique_ptr<SlotCodec> slot_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device) {
 #ifdef GRADZIP_WITH_CUDA
-  if (device.is_cuda()) return device_tensor_codec(codec);
+  if (device.is_cuda()) return device_slot_codec(codec);
 #endif
   TORCH_CHECK(device.is_cpu(), "gradzip: the ", codec->name(), " codec has no encoder for tensors on ", device);
-  return std::make_unique<HostTensorCodec>(codec);
+  return std::make_unique<HostSlotCodec>(codec);
 }
 
 }  // namespace gradzip

@@ -1,4 +1,4 @@
-// TensorCodec: a codec on the tensors of one device, writing and reading slots
+// SlotCodec: a codec on the tensors of one device, writing and reading slots
 // (aggregate/slots.h): the codec's CPU code, or its device half on a GPU.
 #pragma once
 
@@ -13,14 +13,14 @@
 namespace gradzip {
 
 // A codec on the tensors of one device.
-class TensorCodec {
+class SlotCodec {
  public:
-  virtual ~TensorCodec() = default;
+  virtual ~SlotCodec() = default;
   // The bytes of a slot that holds any payload of this codec for an n-element tensor.
   virtual int64_t slot_bytes(int64_t n) const = 0;
   // The codec of elements [begin, begin + length) of the tensor (a shard or a chunk of
   // it): the same codec for codecs that do not depend on the element's position.
-  virtual std::unique_ptr<TensorCodec> part(int64_t begin, int64_t length) const = 0;
+  virtual std::unique_ptr<SlotCodec> part(int64_t begin, int64_t length) const = 0;
   // Whether part() is this codec wherever the part lies (false for a piecewise codec,
   // whose parts hold the pieces they cut): exchanges then use this codec for every chunk.
   virtual bool uniform() const { return true; }
@@ -52,8 +52,8 @@ class TensorCodec {
 // the CPU.
 at::Device codec_device(const Codec& codec, const at::Tensor& tensor);
 
-// The TensorCodec for tensors on `device`: the codec's CPU code, or its device half on a
+// The SlotCodec for tensors on `device`: the codec's CPU code, or its device half on a
 // GPU (CUDA builds; the codec must have one).
-std::unique_ptr<TensorCodec> tensor_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device);
+std::unique_ptr<SlotCodec> slot_codec(const std::shared_ptr<const Codec>& codec, const at::Device& device);
 
 }  // namespace gradzip

@@ -4,10 +4,12 @@
 
 #include <cstring>
 
+#include "codec/payload_padding.h"
+
 namespace gradzip {
 
 int64_t slot_bytes(const Codec& codec, int64_t n) {
-  return kSlotHeaderBytes + (static_cast<int64_t>(codec.max_payload_bytes(n)) + 7) / 8 * 8;
+  return kSlotHeaderBytes + padded_payload_bytes(static_cast<int64_t>(codec.max_payload_bytes(n)));
 }
 
 void check_slot_fits(int64_t size, int64_t slot_bytes) {

@@ -25,7 +25,7 @@ namespace {
 class TwoPhaseExchange final : public Exchange {
  public:
   Chunk owned(int64_t n, int ranks, int rank) const override { return exchange_chunk(n, ranks, rank); }
-  int64_t allreduce(const TensorCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
+  int64_t allreduce(const SlotCodec& codec, const Codec& host, const ExchangeCall& call, at::Tensor sum,
                       const c10::intrusive_ptr<c10d::Backend>& transport) const override {
     const int ranks = transport->getSize();
     const int rank = transport->getRank();
@@ -113,7 +113,7 @@ const ExchangeScheme& twophase_scheme() {
   return scheme;
 }
 
-int64_t compressed_reduce_scatter(const TensorCodec& codec, const Codec& host, const ExchangeCall& call,
+int64_t compressed_reduce_scatter(const SlotCodec& codec, const Codec& host, const ExchangeCall& call,
                                   at::Tensor shard, const c10::intrusive_ptr<c10d::Backend>& transport) {
   const int ranks = transport->getSize();
   Flights flights(call);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "codec/codec_record.h"
+#include "codec/device_half.h"
 
 namespace gradzip {
 namespace {

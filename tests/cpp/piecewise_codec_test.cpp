@@ -1,5 +1,5 @@
 // The piecewise codec (aggregate/piecewise_codec.h) against a simple reference: each
-// piece's own top-k by std::nth_element, small pieces exact; and TensorCodec's
+// piece's own top-k by std::nth_element, small pieces exact; and SlotCodec's
 // decode_add, on the host and piecewise, against the codec's own decode_add.
 #include "aggregate/piecewise_codec.h"
 
@@ -11,7 +11,7 @@
 #include <random>
 
 #include "aggregate/slots.h"
-#include "aggregate/tensor_codec.h"
+#include "aggregate/slot_codec.h"
 
 namespace gradzip {
 namespace {
@@ -104,7 +104,7 @@ TEST(PiecewiseCodecTest, ASlotDeclaringMoreThanItsPieceHoldsIsRefused) {
 }
 
 // `rows` slots of n random elements encoded by `tensor`, `stride` bytes apart.
-at::Tensor encoded_rows(const TensorCodec& tensor, int64_t n, int rows, int64_t stride) {
+at::Tensor encoded_rows(const SlotCodec& tensor, int64_t n, int rows, int64_t stride) {
   at::Tensor slots = at::empty({rows * stride}, at::kByte);
   for (int r = 0; r < rows; ++r) {
     tensor.encode(random_vector(n, 10 + r), at::Tensor(), EncodeContext{5, 1, static_cast<uint32_t>(r)},
@@ -113,14 +113,14 @@ at::Tensor encoded_rows(const TensorCodec& tensor, int64_t n, int rows, int64_t 
   return slots;
 }
 
-TEST(TensorCodecTest, DecodeAddAddsToWhatTheTargetHolds) {
+TEST(SlotCodecTest, DecodeAddAddsToWhatTheTargetHolds) {
   // Three rows added into a running state, on the host: the bits of the codec's own
   // decode_add of each payload in turn (qsgd and sign take the range-by-range path).
   const int64_t n = 9000;
   const at::Tensor start = random_vector(n, 3);
   for (const std::string spec : {"qsgd:bits=4", "sign", "topk:density=0.01", "stc:density=0.02"}) {
     const auto host = codec(spec);
-    const auto on_host = tensor_codec(host, at::kCPU);
+    const auto on_host = slot_codec(host, at::kCPU);
     const int64_t stride = on_host->slot_bytes(n);
     const at::Tensor slots = encoded_rows(*on_host, n, 3, stride);
     at::Tensor added = start.clone();

@@ -14,7 +14,7 @@ from ranks import run_ranks
 
 pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (torch.cuda.is_available() is False)"),
-    pytest.mark.skipif(not hasattr(_C, "cuda_encode"), reason="this build of gradzip has no CUDA kernels"),
+    pytest.mark.skipif(not hasattr(_C.testing, "cuda_encode"), reason="this build of gradzip has no CUDA kernels"),
 ]
 
 SPECS = ["topk:density=0.01", "topk:density=0.001", "topk:density=0.01,approx=1", "topk:density=1",
@@ -47,7 +47,7 @@ def test_gpu_encoders_write_the_cpu_bytes_and_residuals(spec, n, ties):
     cpu_residual = residual.clone()
     expected, _ = _C.encode(x, spec, cpu_residual, 7, 3, 1)
     gpu_residual = residual.cuda()
-    got = _C.cuda_encode(x.cuda(), spec, gpu_residual, 7, 3, 1)
+    got = _C.testing.cuda_encode(x.cuda(), spec, gpu_residual, 7, 3, 1)
     assert bytes(got.cpu().numpy().tobytes()) == expected
     assert same_bits(gpu_residual, cpu_residual)
 
@@ -70,7 +70,7 @@ def test_gpu_decode_accumulate_is_the_cpu_sum_in_rank_order(spec, scale):
         expected = start + scale * terms
     out = start.cuda()
     rows = [torch.frombuffer(bytearray(p), dtype=torch.uint8).cuda() for p in payloads]
-    _C.cuda_decode_add(rows, out, spec, scale)
+    _C.testing.cuda_decode_add(rows, out, spec, scale)
     assert same_bits(out, expected)
 
 
@@ -82,10 +82,10 @@ def test_decode_rows_set_the_sum_without_reading_it(spec):
     expected = torch.zeros(n)
     for p in payloads:
         _C.decode_add(p, expected)
-    rows = _C.cuda_payload_rows([torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads],
+    rows = _C.testing.cuda_payload_rows([torch.frombuffer(bytearray(p), dtype=torch.uint8) for p in payloads],
                                 torch.device("cuda"))
     out = torch.full((n,), float("nan"), device="cuda")
-    _C.cuda_decode_rows(rows, [len(p) for p in payloads], out, spec, 1.0, True)
+    _C.testing.cuda_decode_rows(rows, [len(p) for p in payloads], out, spec, 1.0, True)
     assert same_bits(out, expected)
 
 
@@ -96,7 +96,7 @@ def test_a_corrupt_payload_is_refused():
     bad[25:29], bad[29:33] = bad[29:33], bad[25:29]  # the first two indices out of order
     rows = [torch.frombuffer(bytearray(p), dtype=torch.uint8).cuda() for p in (good, bytes(bad))]
     with pytest.raises(ValueError, match="payload 1"):
-        _C.cuda_decode_add(rows, torch.zeros(n, device="cuda"), "topk:density=0.05")
+        _C.testing.cuda_decode_add(rows, torch.zeros(n, device="cuda"), "topk:density=0.05")
 
 
 def allreduce_on(rank, world, spec, device, steps, op=dist.ReduceOp.SUM):
