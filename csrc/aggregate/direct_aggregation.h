@@ -3,7 +3,9 @@
 // process group has, with byte counters of its own. allreduce(), allreduce_pieces() and
 // reduce_scatter() return when the result is in place; submit_pieces() returns at once and runs on a
 // worker thread (work/ordered_worker.h), in submission order, after every call
-// submitted before it. The synchronous calls wait for submitted ones first.
+// submitted before it. The synchronous calls wait for submitted ones first. Bound as
+// gradzip._C.Aggregation, which gradzip.Aggregation, the hook's State and the FSDP door's
+// State drive.
 #pragma once
 
 #include <memory>

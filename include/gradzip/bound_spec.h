@@ -3,7 +3,8 @@
 // It splits the keys into the aggregation's own and its codec's, and holds the codec
 // built from them. Every door (the backend, the DDP hook, gradzip.Aggregation,
 // gradzip.codec) takes a BoundSpec, so no layer parses the string again and the same
-// string means the same thing everywhere.
+// string means the same thing everywhere. Python knows it as gradzip.Spec (the parsed
+// text without a binding is gradzip/spec.h's Spec, which Python never sees).
 #pragma once
 
 #include <memory>
