@@ -1,15 +1,16 @@
 """Fashion-MNIST across torchft replica groups, aggregated by gradzip's hook (gradzip.torchft).
 
-    python examples/train_torchft.py --steps 300 --kill-at 100
+    python examples/train_torchft.py --steps 300 --kill-at 100 200
 
 starts a torchft lighthouse and two replica groups of one rank each (this script again, with
 --replica-id), each training a small MLP on its own batches, started together once both have
 imported torch and loaded the data; with --kill-at K replica 1
 SIGKILLs itself inside step K (after the quorum, before its gradients are sent), so the
 survivor's step K fails and is not committed; a standby replica 1, started beforehand and
-waiting with torch imported, then joins, heals from the survivor and trains on. It prints
-one JSON summary: each replica's final step, parameter hash, test accuracy and stats, and
-the time lost to the failure (detection, reconfiguration, healing).
+waiting with torch imported, then joins, heals from the survivor and trains on, and dies in
+turn at the next step given, if any. It prints one JSON summary: each replica's final step,
+parameter hash, test accuracy and stats, and the time lost to each failure (detection,
+reconfiguration, healing).
 """
 import argparse
 import json
@@ -100,11 +101,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _lost_to_failure(events: list) -> dict:
-    """Detection: the kill to the end of the survivor's failed step; reconfiguration: the
-    survivor's next quorum (without the dead replica); healing: the joiner's first quorum
-    (joining and loading the survivor's state), and the survivor's quorum in that step."""
-    died = next(e for e in events if e["event"] == "die")
+def _lost_to_failure(events: list, died: dict) -> dict:
+    """For the death `died`: detection, the kill to the end of the survivor's failed step;
+    reconfiguration, the survivor's next quorum (without the dead replica); healing, the
+    joiner's first quorum (joining and loading the survivor's state), and the survivor's
+    quorum in that step."""
     survivor = [e for e in events if e["event"] == "step" and e["replica"] == 0 and e["t"] > died["t"]]
     failed = next(e for e in survivor if not e["committed"])
     after = survivor[survivor.index(failed) + 1]
@@ -117,7 +118,7 @@ def _lost_to_failure(events: list) -> dict:
     return {"failed_step": failed["step"], "detection_s": failed["t"] - died["t"],
             "reconfiguration_s": after["quorum_s"], "alone_steps": first["step"] - failed["step"],
             "healing_joiner_quorum_s": first["quorum_s"], "healing_survivor_quorum_s": beside["quorum_s"],
-            "uncommitted_steps": sum(not e["committed"] for e in survivor)}
+            "uncommitted_steps": sum(not e["committed"] for e in survivor if e["t"] < first["t"])}
 
 
 def run(args) -> dict:
@@ -151,19 +152,20 @@ def run(args) -> dict:
 
     began, processes = time.time(), []
     try:
-        processes += [start(0, "--wait-for", str(ready)),
-                     start(1, "--wait-for", str(ready), *(["--die-at", str(args.kill_at)] if args.kill_at else []))]
-        if args.kill_at:
-            processes.append(start(1, "--wait-for", str(go)))
+        def dies(i):  # the arguments of replica 1's i-th incarnation: its death, if it has one
+            return ["--die-at", str(args.kill_at[i])] if i < len(args.kill_at) else []
+        processes += [start(0, "--wait-for", str(ready)), start(1, "--wait-for", str(ready), *dies(0))]
+        for i in range(len(args.kill_at)):  # a standby for each death, the next one's victim
+            processes.append(start(1, "--wait-for", str(go.with_suffix(f".{i}")), *dies(i + 1)))
         while sum(e["event"] == "standby" for e in list(events)) < len(processes):  # torch imported, data loaded
             if any(p.poll() is not None for p in processes):
                 raise SystemExit("train_torchft.py: a replica exited before training")
             time.sleep(0.05)
         ready.touch()  # the two replicas start together
-        if args.kill_at:
-            processes[1].wait()
+        for i in range(len(args.kill_at)):
+            processes[1 + i].wait()
             time.sleep(args.restart_delay)
-            go.touch()
+            go.with_suffix(f".{i}").touch()
         codes = [p.wait() for p in processes]
     finally:
         for p in [lighthouse, *processes]:
@@ -175,8 +177,8 @@ def run(args) -> dict:
     finals = {e["replica"]: e for e in events if e["event"] == "final"}
     summary = {"spec": args.spec, "steps": args.steps, "seed": args.seed, "wall_s": time.time() - began,
                "exit_codes": codes, "final": [finals.get(r) for r in (0, 1)]}
-    if args.kill_at:
-        summary["failure"] = _lost_to_failure(sorted(events, key=lambda e: e["t"]))
+    ordered = sorted(events, key=lambda e: e["t"])
+    summary["failures"] = [_lost_to_failure(ordered, died) for died in ordered if died["event"] == "die"]
     if args.events:
         Path(args.events).write_text("\n".join(json.dumps(e) for e in events) + "\n")
     return summary
@@ -190,7 +192,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--step-time", type=float, default=0.0, help="each step lasts at least this (s)")
-    parser.add_argument("--kill-at", type=int, default=0, help="replica 1 dies inside this step (0: none)")
+    parser.add_argument("--kill-at", type=int, nargs="*", default=[],
+                        help="replica 1 dies inside each of these steps, in turn (none: no failure)")
     parser.add_argument("--restart-delay", type=float, default=0.0, help="s between the death and the standby's join")
     parser.add_argument("--events", help="write every replica's JSON events here")
     parser.add_argument("--verbose", action="store_true", help="the replicas' stderr (torchft's logs)")
