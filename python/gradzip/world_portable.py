@@ -84,7 +84,17 @@ def state_for_world(state: dict, field: str, tensors: dict, group, door: str, po
 def portable_tensors(tensors: dict, group, door: str) -> dict:
     """Collective over `group`: `tensors` (one rank's "<key>/<field>" state) under the rule
     above, the same on every rank. Every rank must hold the same names."""
-    world = size_and_rank(group)[0]
+    world, rank = size_and_rank(group)
+    try:
+        return _portable_tensors(tensors, group, door, world)
+    except CheckpointError:
+        raise
+    except RuntimeError as error:  # a rank lost (or gone astray) inside the collective
+        raise CheckpointError(f"{door}: state_dict(portable=True) is a collective over the group's {world} ranks, "
+                              f"and it failed on rank {rank}, so no state was returned: {error}") from error
+
+
+def _portable_tensors(tensors: dict, group, door: str, world: int) -> dict:
     dropped = sorted(name for name in tensors
                      if field_of(name) in WORLD_BOUND_FIELDS or field_of(name).startswith("public_copy_"))
     averaged = sorted(name for name in tensors if field_of(name) in MASS_FIELDS)
@@ -109,7 +119,7 @@ def portable_tensors(tensors: dict, group, door: str) -> dict:
     if dropped:
         warnings.warn(f"{door}: state_dict(portable=True) drops what has no rule across world sizes "
                       f"({', '.join(dropped)}; the owners' residuals held an L1 mass of {float(flat[-1]):.6g} "
-                      "summed over the ranks)", RuntimeWarning, stacklevel=3)
+                      "summed over the ranks)", RuntimeWarning, stacklevel=4)
     return out
 
 

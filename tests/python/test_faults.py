@@ -1,6 +1,7 @@
 """A rank that dies (SIGKILL) or stops (SIGSTOP) while the others are inside a collective:
 every other rank raises within the group's timeout plus 5 s, with a message that names
-the problem, and a new group of the survivors gives correct results. For the exact
+the problem, and a new group of the survivors gives correct results; likewise inside the
+collective a portable checkpoint takes. For the exact
 path, both compressed exchanges, gossip and CHOCO; and under load: beside a second
 gradzip group that a thread of every rank keeps busy with large compressed all-reduces
 (its worker, its transport and the CPUs all taken) when the fault comes."""
@@ -130,6 +131,72 @@ def test_survivors_raise_in_time_inside_a_hierarchical_call(fault):
     raise in time."""
     env = {"GRADZIP_NODE_SIZE": "2", "GRADZIP_VALIDATE": "0"}
     check_survivors(run_fault("fp16:exchange=twophase,rounds=4", fault, env=env, world=4), world=4)
+
+
+def _saving_rank(rank, port, fault, results):
+    """Two compressed calls of a gradzip.Aggregation, then a portable checkpoint (a
+    collective) that the victim never joins."""
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      OMP_NUM_THREADS="1")
+    import torch
+    import torch.distributed as dist
+
+    import gradzip
+    try:
+        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
+        aggregation = gradzip.Aggregation("topk:density=0.05")
+        for _ in range(2):
+            aggregation([torch.randn(10_000)])
+        if rank == VICTIM:
+            results.put((rank, "fault", None))
+            time.sleep(0.5)  # the others are inside state_dict(portable=True) by now
+            os.kill(os.getpid(), signal.SIGKILL if fault == "kill" else signal.SIGSTOP)
+            return
+        start = time.monotonic()
+        try:
+            aggregation.state_dict(portable=True)
+            outcome = ("no error", time.monotonic() - start)
+        except Exception as error:  # noqa: B902 - what the survivor sees is the result
+            outcome = (f"{type(error).__name__}: {error}", time.monotonic() - start)
+        results.put((rank, outcome, None))
+    except BaseException as error:  # noqa: B902
+        results.put((rank, ("setup failed: " + repr(error), 0.0), None))
+    finally:
+        results.close()
+        results.join_thread()
+        os._exit(0)
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_rank_lost_while_a_portable_checkpoint_is_taken_makes_the_others_raise_in_time(fault):
+    """state_dict(portable=True) is a collective: a rank that dies (or stops) before joining
+    it makes every other rank raise a CheckpointError within the group's timeout, naming the
+    collective and the transport's own words; nothing is returned half-summed."""
+    ctx = rank_processes()
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_saving_rank, args=(r, port, fault, results)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    outcome, deadline = {}, time.monotonic() + 120
+    try:
+        while len(outcome) < WORLD and time.monotonic() < deadline:
+            try:
+                rank, seen, _ = results.get(timeout=1)
+                outcome[rank] = seen
+            except queue.Empty:
+                pass
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join(timeout=10)
+    assert outcome.get(VICTIM) == "fault", outcome
+    for rank in (r for r in range(WORLD) if r != VICTIM):
+        message, seconds = outcome[rank]
+        assert message.startswith("CheckpointError: gradzip.Aggregation: state_dict(portable=True) is a collective "
+                                  f"over the group's {WORLD} ranks, and it failed on rank {rank}"), message
+        assert seconds < TIMEOUT + 5, (rank, seconds, message)
 
 
 def check_survivors(outcome, world=WORLD):
