@@ -6,8 +6,10 @@ last checkpoint, the hook's error feedback carried across the change of world si
     # a rank is lost: the job stops; start it again with the ranks that remain
     torchrun --standalone --nproc-per-node 3 examples/train_elastic.py --checkpoint /tmp/elastic.pt
 
-torchrun's elastic agents (--nnodes MIN:MAX --max-restarts N) restart the same script the
-same way; tests/python/test_elastic.py runs the relaunch above.
+torchrun's elastic agents (--nnodes MIN:MAX --max-restarts N, one per node) restart the
+script the same way by themselves when a node is lost, given a rendezvous store that
+outlives the agents (examples/rendezvous_store.py gives the commands);
+tests/python/test_elastic.py runs both, the relaunch above and 4 agents losing one.
 
 The task is synthetic (a random teacher network labels Gaussian inputs) so that it runs
 anywhere. Every step takes the same global batch whatever the world size (each rank its
