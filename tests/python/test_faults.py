@@ -83,13 +83,20 @@ def run_fault(spec, fault, load=False, env=None, world=WORLD):
     ctx = rank_processes()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, spec, fault, results, load, env, world)) for r in range(world)]
+    return _outcomes(ctx, results, [(_rank, (r, port, spec, fault, results, load, env, world)) for r in range(world)])
+
+
+def _outcomes(ctx, results, targets) -> dict:
+    """Runs each (function, args) in a process of `ctx` and gathers what each rank puts in
+    `results` ((rank, seen, value)) as {rank: (seen, value)}, for 120 s at most; kills what
+    is left."""
+    procs = [ctx.Process(target=target, args=args) for target, args in targets]
     for p in procs:
         p.start()
     outcome = {}
     deadline = time.monotonic() + 120
     try:
-        while len(outcome) < world and time.monotonic() < deadline:
+        while len(outcome) < len(procs) and time.monotonic() < deadline:
             try:
                 rank, seen, value = results.get(timeout=1)
                 outcome[rank] = (seen, value)
@@ -175,25 +182,11 @@ def test_a_rank_lost_while_a_portable_checkpoint_is_taken_makes_the_others_raise
     ctx = rank_processes()
     results = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_saving_rank, args=(r, port, fault, results)) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    outcome, deadline = {}, time.monotonic() + 120
-    try:
-        while len(outcome) < WORLD and time.monotonic() < deadline:
-            try:
-                rank, seen, _ = results.get(timeout=1)
-                outcome[rank] = seen
-            except queue.Empty:
-                pass
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join(timeout=10)
-    assert outcome.get(VICTIM) == "fault", outcome
+    outcome = _outcomes(ctx, results, [(_saving_rank, (r, port, fault, results)) for r in range(WORLD)])
+    assert outcome.get(VICTIM, (None,))[0] == "fault", outcome
     for rank in (r for r in range(WORLD) if r != VICTIM):
-        message, seconds = outcome[rank]
+        assert rank in outcome, f"rank {rank} never reported: {outcome}"
+        message, seconds = outcome[rank][0]
         assert message.startswith("CheckpointError: gradzip.Aggregation: state_dict(portable=True) is a collective "
                                   f"over the group's {WORLD} ranks, and it failed on rank {rank}"), message
         assert seconds < TIMEOUT + 5, (rank, seconds, message)
