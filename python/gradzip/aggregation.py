@@ -23,7 +23,7 @@ from ._extension import _C
 from .checkpoint import aggregation_state
 from ._transport import transport_of, use_node_levels
 from .spec import bind_spec
-from .rank_agreement import RESUMED, describe, require_agreement
+from .rank_agreement import require_same_start
 from .world_portable import counters_digest, require_same_world, state_for_world
 _OPS = {"avg": dist.ReduceOp.AVG, "sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}
 
@@ -76,10 +76,8 @@ class Aggregation:
         transport = transport_of(self.group, tensor.device)
         if self._agree:  # every rank is in its first call, or its first after a load: a collective point
             self._agree = False
-            size = dist.get_world_size(self.group)
-            require_agreement(transport, size, describe(f"spec '{self.spec}'"), tensor.device)
-            require_agreement(transport, size, f"counters {counters_digest(self._aggregation.state_dict())}",
-                              tensor.device, RESUMED)
+            require_same_start(transport, dist.get_world_size(self.group), self.spec,
+                               f"counters {counters_digest(self._aggregation.state_dict())}", tensor.device)
         if not self._node_levels_asked:
             self._node_levels_asked = True
             use_node_levels(self._aggregation, self.spec, self.group, transport, tensor.device)

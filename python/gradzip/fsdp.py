@@ -40,7 +40,7 @@ from .fsdp_layout import shard_layout
 from .momentum_folding import fold_optimizer_momentum
 from ._transport import transport_of, use_node_levels
 from .spec import Spec, bind_spec
-from .rank_agreement import RESUMED, describe, require_agreement
+from .rank_agreement import require_same_start
 from .fsdp_portable import ROOT, module_name, to_inputs, to_parameters
 from .world_portable import counters_digest, require_same_world, state_for_world
 
@@ -112,10 +112,8 @@ class State:
         transport = transport_of(group, input.device)
         if self._agree:  # every rank is in its first call, or its first after a load: a collective point
             self._agree = False
-            size = dist.get_world_size(group)
-            require_agreement(transport, size, describe(f"spec '{self.spec}'"), input.device)
-            require_agreement(transport, size, f"counters {counters_digest(self._aggregation.state_dict())}",
-                              input.device, RESUMED)
+            require_same_start(transport, dist.get_world_size(group), self.spec,
+                               f"counters {counters_digest(self._aggregation.state_dict())}", input.device)
         if not self._node_levels_asked:
             self._node_levels_asked = True
             use_node_levels(self._aggregation, self.spec, group, transport, input.device)

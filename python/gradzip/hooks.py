@@ -41,7 +41,7 @@ from ._transport import drain, size_and_rank, transport_of, use_node_levels
 from .checkpoint import hook_state, require_same_spec, stamped
 from .momentum_folding import HOOK_DENSITY_WARMUP, fold_optimizer_momentum
 from .spec import Spec, bind_spec
-from .rank_agreement import RESUMED, describe, require_agreement
+from .rank_agreement import require_same_start
 from .world_portable import (MASS_FIELDS, WORLD_BOUND_FIELDS, counters_digest, field_of, l1_mass, require_same_world,
                              state_for_world)
 
@@ -216,9 +216,8 @@ def hook(state: State, bucket: dist.GradBucket) -> torch.futures.Future[torch.Te
         # load or a new group, with the group's queued calls drained: the ranks check that
         # they run the same spec from the same point before any payload moves.
         state._agree = False
-        size = size_and_rank(state.process_group)[0]
-        require_agreement(transport, size, describe(f"spec '{state.spec}'"), buffer.device)
-        require_agreement(transport, size, state._position(), buffer.device, RESUMED)
+        require_same_start(transport, size_and_rank(state.process_group)[0], state.spec, state._position(),
+                           buffer.device)
     whole = [(f"bucket:{bucket.index()}", buffer.numel())]
     if state.iteration < state.start_iter:
         work = state._exact.submit_pieces(buffer, whole, dist.ReduceOp.AVG, transport)

@@ -41,7 +41,7 @@ def _fixed(text: str) -> torch.Tensor:
 
 _CONFIGURED = ("the ranks of this group were configured differently, and it refuses to start before any payload "
                "moves", "give every rank the same GRADZIP_AGGREGATION (or pg_options) and the same gradzip build")
-RESUMED = ("the ranks of this group are not at the same point of their aggregation's state, and it refuses to go on "
+_RESUMED = ("the ranks of this group are not at the same point of their aggregation's state, and it refuses to go on "
            "before any payload moves", "resume every rank from the same checkpoint (a rank's own state_dict() of "
            "the same step, or one state_dict(portable=True)), or none")
 
@@ -50,7 +50,7 @@ def require_agreement(transport, size: int, description: str, device=None, probl
     """All-gathers `description` over `transport` (a c10d Backend of the group's ranks, moving
     `device` tensors; default CPU) and raises ValueError on every rank, naming which ranks said
     what, unless all are equal. `problem`: what a difference means and what to do about it
-    (default: ranks configured differently; RESUMED: ranks resumed from different points)."""
+    (default: ranks configured differently; _RESUMED: ranks resumed from different points)."""
     mine = _fixed(description).to(device or "cpu")
     every = [torch.empty_like(mine) for _ in range(size)]
     transport.allgather([every], [mine]).wait()
@@ -62,3 +62,11 @@ def require_agreement(transport, size: int, description: str, device=None, probl
         sides.setdefault(text, []).append(rank)
     named = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {text}" for text, r in sides.items())
     raise ValueError(f"gradzip: {problem[0]} ({named}); {problem[1]}")
+
+
+def require_same_start(transport, size: int, spec, position: str, device=None) -> None:
+    """The check a door makes at its first call, and at its first after a load or a new group:
+    its ranks run the same spec (configured alike), then from the same `position` (where each is
+    in its state: counters_digest() of it, and the hook's iteration)."""
+    require_agreement(transport, size, describe(f"spec '{spec}'"), device)
+    require_agreement(transport, size, position, device, _RESUMED)
