@@ -21,7 +21,7 @@ EPOCHS ?= 3
 SPEC ?= stc:density=0.01,momentum=0.9,density_warmup=234
 BUILD_SOURCES := $(shell find include csrc cuda tests/cpp -type f 2>/dev/null) CMakeLists.txt setup.py pyproject.toml
 
-.PHONY: all deps build test test-cpp test-python test-elastic-agents test-second-torch sanitize fuzz demo bench clean
+.PHONY: all deps build test test-cpp test-python test-second-torch sanitize fuzz demo bench clean
 all: build
 
 deps:
@@ -39,11 +39,6 @@ test-cpp: build
 
 test-python: build
 	$(PYTHON) -m pytest -q --durations=15 tests/python
-
-# torchrun's own elastic agents losing rank 0's node (tests/python/test_elastic.py): opt-in until
-# it has a record of runs (docs/results.md, "torchrun's elastic agents lose a node").
-test-elastic-agents: build
-	GRADZIP_ELASTIC_AGENTS=1 $(PYTHON) -m pytest -q tests/python/test_elastic.py -k agents
 
 # gradzip built as a user builds it beside a second torch (PyTorch's 2.13.0 CPU wheel), and the smoke set there.
 test-second-torch: deps

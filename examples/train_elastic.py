@@ -9,8 +9,7 @@ last checkpoint, the hook's error feedback carried across the change of world si
 torchrun's elastic agents (--nnodes MIN:MAX --max-restarts N, one per node) restart the
 script the same way by themselves when a node is lost, given a rendezvous store that
 outlives the agents (examples/rendezvous_store.py gives the commands);
-tests/python/test_elastic.py runs the relaunch above, and 4 agents losing one under `make
-test-elastic-agents`.
+tests/python/test_elastic.py runs the relaunch above, and 4 agents losing the node of rank 0.
 
 The task is synthetic (a random teacher network labels Gaussian inputs) so that it runs
 anywhere. Every step takes the same global batch whatever the world size (each rank its

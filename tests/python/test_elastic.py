@@ -99,9 +99,6 @@ def test_a_job_that_loses_a_rank_resumes_at_3_ranks_and_trains_on(tmp_path, unin
     assert abs(accuracy - uninterrupted) <= 2.0, (accuracy, uninterrupted)
 
 
-@pytest.mark.skipif(os.environ.get("GRADZIP_ELASTIC_AGENTS") != "1",
-                    reason="opt-in (make test-elastic-agents) until it has a record of runs: one of four failed "
-                           "before TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1")
 def test_torchruns_elastic_agents_lose_a_node_and_restart_the_rest_at_3_ranks(tmp_path, uninterrupted):
     """4 agents (one per "node", --nnodes 3:4, --max-restarts 3) around a rendezvous store of
     their own (examples/rendezvous_store.py); after the second checkpoint one agent and its
