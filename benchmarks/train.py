@@ -134,8 +134,8 @@ class Method:
         opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum())
         if self.gossip is not None:
             return model, opt
-        # The gradients as views of DDP's buckets, for every method alike: no copies into and
-        # out of the buckets around the all-reduce or hook, no gradients allocated each step.
+        # The gradients as views of DDP's buckets, for every method alike: no copy of the
+        # averaged bucket back into them (each step's fresh gradients are still copied in).
         ddp = DDP(model, process_group=self.group, gradient_as_bucket_view=True)
         kind = self.kind
         if kind == "torch-fp16":
