@@ -37,8 +37,11 @@ build: deps build/.installed
 test-cpp: build
 	ctest --test-dir build --output-on-failure --no-tests=error -j $(MAX_JOBS)
 
+# Two pytest workers, each running one test file at a time (so module fixtures run once):
+# one worker alone keeps 0.6 of two cores busy (ranks wait on sockets, launchers, timeouts).
+PYTEST_WORKERS ?= 2
 test-python: build
-	$(PYTHON) -m pytest -q --durations=15 tests/python
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests/python
 
 # gradzip built as a user builds it beside a second torch (PyTorch's 2.13.0 CPU wheel), and the smoke set there.
 test-second-torch: deps
