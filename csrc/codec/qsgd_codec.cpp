@@ -105,6 +105,38 @@ __attribute__((target("avx2"))) int64_t add_codes_avx2(const uint8_t* packed, ui
   return 8 * groups;
 }
 
+// The codes of kPhiloxWords elements (level in the low bits, sign, 1 = negative, on
+// top) and a bucket's L2 norm, each compiled for the baseline (four lanes) and for AVX2
+// (eight): the same operations per element and per lane (AVX2 brings no FMA), so the same
+// bits. The norm sums v_i² in eight float lanes (lane i % 8), then the lanes in order in
+// double: a fixed order, so every machine gets the same bits.
+[[gnu::always_inline]] inline void quantize_words_body(const float* __restrict v, float inverse, uint32_t levels,
+                                                       const uint32_t* __restrict random, uint32_t sign_bit,
+                                                       uint32_t* __restrict codes) {
+  for (int j = 0; j < kPhiloxWords; ++j) codes[j] = math::qsgd_code(v[j], inverse, levels, sign_bit, random[j]);
+}
+[[gnu::always_inline]] inline float l2_norm_body(const float* __restrict v, int64_t length) {
+  float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= length; i += 8) {
+    for (int j = 0; j < 8; ++j) lanes[j] += v[i + j] * v[i + j];
+  }
+  for (; i < length; ++i) lanes[0] += v[i] * v[i];
+  double total = 0.0;
+  for (float lane : lanes) total += lane;
+  return static_cast<float>(std::sqrt(total));
+}
+void quantize_words_baseline(const float* v, float inverse, uint32_t levels, const uint32_t* random, uint32_t sign_bit,
+                             uint32_t* codes) {
+  quantize_words_body(v, inverse, levels, random, sign_bit, codes);
+}
+__attribute__((target("avx2"))) void quantize_words_avx2(const float* v, float inverse, uint32_t levels,
+                                                         const uint32_t* random, uint32_t sign_bit, uint32_t* codes) {
+  quantize_words_body(v, inverse, levels, random, sign_bit, codes);
+}
+float l2_norm_baseline(const float* v, int64_t length) { return l2_norm_body(v, length); }
+__attribute__((target("avx2"))) float l2_norm_avx2(const float* v, int64_t length) { return l2_norm_body(v, length); }
+
 class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParameters> {
  public:
   explicit QsgdCodec(const QsgdParameters& p) : ElementwiseCodec(CodecId::kQsgd), WithParameters(p) {}
@@ -169,6 +201,7 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
     uint8_t* norms = out.data() + start + layout.norms.offset;  // both after the last resize of `out`
     uint8_t* packed = out.data() + start + layout.codes.offset;
     const uint32_t sign_bit = 1u << (width - 1);
+    const auto levels = static_cast<uint32_t>(parameters_.levels);
     uint64_t buffer = 0;  // codes stream into `packed`, little-endian, `width` bits each
     int filled = 0;
     for (int64_t b = 0; b < buckets; ++b) {
@@ -182,9 +215,9 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
         philox_words(static_cast<uint64_t>(i), static_cast<uint32_t>(ctx.step), ctx.rank, ctx.seed, random);
         const int count = static_cast<int>(std::min<int64_t>(kPhiloxWords, end - i));
         if (count == kPhiloxWords) {
-          quantize<kPhiloxWords>(u + i, inverse, random, sign_bit, codes);  // a fixed trip count vectorizes
+          (kHasAvx2 ? quantize_words_avx2 : quantize_words_baseline)(u + i, inverse, levels, random, sign_bit, codes);
         } else {
-          for (int j = 0; j < count; ++j) quantize<1>(u + i + j, inverse, random + j, sign_bit, codes + j);
+          for (int j = 0; j < count; ++j) codes[j] = math::qsgd_code(u[i + j], inverse, levels, sign_bit, random[j]);
         }
         if (filled == 0 && count == kPhiloxWords) {  // whole bytes: eight codes at a time
           bitpack::pack_code_groups(codes, kPhiloxWords, width, packed);
@@ -207,14 +240,7 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
 
  private:
   QsgdLayout layout_for(int64_t n) const { return qsgd_layout(n, parameters_.levels, parameters_.max_norm, parameters_.bucket); }
-  // The codes of kCount elements: level in the low bits, sign (1 = negative) on top.
-  template <int kCount>
-  void quantize(const float* v, float inverse, const uint32_t* random, uint32_t sign_bit, uint32_t* codes) const {
-    for (int j = 0; j < kCount; ++j) codes[j] = math::qsgd_code(v[j], inverse, parameters_.levels, sign_bit, random[j]);
-  }
-
-  // ‖v‖ of one bucket: max |v_i|, or the L2 norm summed in eight float lanes (a fixed
-  // order, so every machine gets the same bits, without one long chain of additions).
+  // ‖v‖ of one bucket: max |v_i|, or the L2 norm in eight float lanes (l2_norm_body).
   float bucket_norm(const float* v, int64_t length) const {
     if (parameters_.max_norm) {
       float largest = 0.0f;
@@ -224,15 +250,7 @@ class QsgdCodec final : public ElementwiseCodec, public WithParameters<QsgdParam
       }
       return largest;
     }
-    float lanes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= length; i += 8) {
-      for (int j = 0; j < 8; ++j) lanes[j] += v[i + j] * v[i + j];
-    }
-    for (; i < length; ++i) lanes[0] += v[i] * v[i];
-    double total = 0.0;
-    for (float lane : lanes) total += lane;
-    return static_cast<float>(std::sqrt(total));
+    return kHasAvx2 ? l2_norm_avx2(v, length) : l2_norm_baseline(v, length);
   }
 
   // Codes [begin, begin + length) of the packed stream.
