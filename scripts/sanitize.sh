@@ -30,4 +30,4 @@ cp "$BUILD"/_C*.so "$BUILD"/_build.json "$package"/
 runtimes="$(g++ -print-file-name=libasan.so) $(g++ -print-file-name=libubsan.so)"
 export ASAN_OPTIONS=detect_leaks=0:halt_on_error=1 LD_PRELOAD="$runtimes" PYTHONPATH="$(pwd)/$BUILD/python"
 "$VENV/bin/python" -c "import gradzip._C as c, sys; sys.exit(0 if '/$BUILD/' in c.__file__ else 'sanitize.sh: imported ' + c.__file__)"
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/python -k "$SELECT"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile tests/python -k "$SELECT"
