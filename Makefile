@@ -39,7 +39,8 @@ test-cpp: build
 
 # Two pytest workers, each running one test file at a time (so module fixtures run once):
 # one worker alone keeps 0.6 of two cores busy (ranks wait on sockets, launchers, timeouts).
-PYTEST_WORKERS ?= 2
+# Exported: the sanitizer stage (scripts/sanitize.sh) runs its pytest set on as many.
+export PYTEST_WORKERS ?= 2
 test-python: build
 	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests/python
 
