@@ -1,4 +1,5 @@
 """The main job and the benchmark run end to end (short versions)."""
+import functools
 import json
 import os
 import re
@@ -283,14 +284,17 @@ def test_model_codecs_benchmark_quick(tmp_path):
     assert rows["gradzip sz (zstd after)"]["ratio"] > codec["ratio"]
 
 
+@functools.cache
 def _netns_usable():
     """None when this machine lets netns.sh build its network (root, namespaces, veth, tbf);
-    else why not."""
+    else why not. Probed once per process, in a namespace named after it: pytest's workers
+    collect this file at the same time, and a shared name would fail one of them."""
     if os.geteuid() != 0:
         return "benchmarks/netns.sh needs root"
-    steps = [["ip", "netns", "add", "gradzip-test-probe"],
-             ["ip", "-n", "gradzip-test-probe", "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
-             ["ip", "netns", "exec", "gradzip-test-probe", "tc", "qdisc", "add", "dev", "p0", "root", "tbf",
+    probe = f"gradzip-test-probe-{os.getpid()}"
+    steps = [["ip", "netns", "add", probe],
+             ["ip", "-n", probe, "link", "add", "p0", "type", "veth", "peer", "name", "p1"],
+             ["ip", "netns", "exec", probe, "tc", "qdisc", "add", "dev", "p0", "root", "tbf",
               "rate", "1gbit", "burst", "128kb", "latency", "50ms"]]
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "iproute2 (ip, tc) is missing"
@@ -301,7 +305,7 @@ def _netns_usable():
                 return f"this machine cannot build netns.sh's network: {' '.join(step[:4])}: {done.stderr.strip()}"
         return None
     finally:
-        subprocess.run(["ip", "netns", "del", "gradzip-test-probe"], capture_output=True)
+        subprocess.run(["ip", "netns", "del", probe], capture_output=True)
 
 
 @pytest.mark.skipif(_netns_usable() is not None, reason=str(_netns_usable()))
