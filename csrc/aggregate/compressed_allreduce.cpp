@@ -114,7 +114,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       offset += piece.numel;
     }
     whole.residual = end_to_end(parts);
-    if (!velocities.empty()) whole.velocity = end_to_end(velocities);
+    if (!velocities.empty()) {
+      whole.velocity = end_to_end(velocities);
+      whole.spare_velocity = states_[pieces.front().key].spare_velocity;  // kept by the first piece
+    }
     if (!owned_parts.empty()) {
       whole.owner_residual = end_to_end(owned_parts);
       whole.owner_offset = how.owned.begin;
@@ -129,6 +132,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
   auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();
+  if (keep) states_[pieces.front().key].spare_velocity = whole.spare_velocity;
   int64_t offset = 0;
   for (const auto& piece : pieces) {
     CompressedState& state = states_[piece.key];
@@ -166,8 +170,19 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const at::Device device = codec_device(*codec_, tensor);
   ExchangeCall call;
   call.x = tensor.detach().reshape({n}).to(device, at::kFloat).contiguous();  // the exchanges cut it in chunks
+  // An fp32 tensor on the codec's device is its own sum (the encoder reads it, or the
+  // velocity made from it, before anything is written): no 4n-byte buffer and no pass to
+  // copy it back.
+  const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
+  // On the host with momentum correction, one pass reads x for everything before the
+  // ranks agree: the next velocity into the spare, x's finiteness, x zeroed as the sum.
+  const bool spare = momentum_ > 0 && in_place && device.is_cpu();
+  const bool finite_here = spare ? velocity_into_spare(state, call.x, momentum_, key) : true;
   lock.unlock();
-  if (agree_on_finiteness_ && !(all_finite ? *all_finite : finite_on_every_rank(call.x, transport, tensor.device()))) {
+  if (agree_on_finiteness_ &&
+      !(all_finite  ? *all_finite
+        : spare     ? finite_on_every_rank(finite_here, transport, tensor.device())
+                    : finite_on_every_rank(call.x, transport, tensor.device()))) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }
@@ -176,17 +191,19 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
+  call.sum_zeroed = spare;
   const bool masking = momentum_ > 0 && how.codec->selects();
   std::vector<int64_t> sent_positions;
-  const at::Tensor unsent =
-      momentum_ > 0 ? add_momentum(state, call, momentum_, key, masking, sent_positions) : at::Tensor();
+  at::Tensor unsent;
+  if (spare) {
+    take_spare_velocity(state, call, masking, sent_positions);
+  } else if (momentum_ > 0) {
+    unsent = add_momentum(state, call, momentum_, key, masking, sent_positions);
+  }
   TORCH_INTERNAL_ASSERT(!unsent.defined() || how.pieces.empty(), "gradzip: layer-aware momentum masking runs on the host");
   lock.unlock();
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
-  // An fp32 tensor on the codec's device is its own sum (the encoder reads it before
-  // anything is written): no 4n-byte buffer and no pass to copy it back.
-  const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
   const auto codec = how.pieces.empty() ? slot_codec(how.codec, device) : piecewise_codec(how.pieces);
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);

@@ -64,6 +64,9 @@ struct CompressedState {
   double loss_scale = 1.0;  // the loss scale the residuals and the velocity are in
   int64_t calls = 0;  // all-reduces so far, exact ones included
   uint64_t step = 0;  // compressed encodes so far: seeds the codec's random draws
+  // Momentum correction on the host: the next u, written before the ranks agree to take
+  // a step (velocity_into_spare); scratch, not saved.
+  at::Tensor spare_velocity;
   void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
   void load(const std::string& field, const at::Tensor& value, const std::string& name);
 };

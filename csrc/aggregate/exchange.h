@@ -120,6 +120,8 @@ struct ExchangeCall {
   // exchange writes that part of x there, so that its node stage of round s + 1 runs
   // while round s is on the wire.
   std::function<void(int)> before_round;
+  // `sum` already holds zeros (the host's momentum pass zeroed it): one-shot adds into it.
+  bool sum_zeroed = false;
 };
 
 // How one all-reduce's payloads travel: a scheme's (its record's `exchange`), or a

@@ -13,8 +13,12 @@ bool locally_finite(const at::Tensor& x) {
 
 bool finite_on_every_rank(const at::Tensor& x, const c10::intrusive_ptr<c10d::Backend>& transport,
                           const at::Device& transport_device) {
-  const bool finite = locally_finite(x);
-  std::vector<at::Tensor> flag = {at::full({1}, finite ? 0 : 1, at::dtype(at::kInt).device(transport_device))};
+  return finite_on_every_rank(locally_finite(x), transport, transport_device);
+}
+
+bool finite_on_every_rank(bool finite_here, const c10::intrusive_ptr<c10d::Backend>& transport,
+                          const at::Device& transport_device) {
+  std::vector<at::Tensor> flag = {at::full({1}, finite_here ? 0 : 1, at::dtype(at::kInt).device(transport_device))};
   c10d::AllreduceOptions max;
   max.reduceOp = c10d::ReduceOp::MAX;
   transport->allreduce(flag, max)->wait();

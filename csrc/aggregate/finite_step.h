@@ -22,5 +22,9 @@ bool locally_finite(const at::Tensor& x);
 // answer costs a host synchronization.
 bool finite_on_every_rank(const at::Tensor& x, const c10::intrusive_ptr<c10d::Backend>& transport,
                           const at::Device& transport_device);
+// The same, for a rank that already knows its own answer (`finite_here`: a pass that read
+// its input anyway checked it).
+bool finite_on_every_rank(bool finite_here, const c10::intrusive_ptr<c10d::Backend>& transport,
+                          const at::Device& transport_device);
 
 }  // namespace gradzip

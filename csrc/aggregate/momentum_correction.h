@@ -18,6 +18,18 @@ namespace gradzip {
 at::Tensor add_momentum(CompressedState& state, ExchangeCall& call, double momentum, const std::string& key,
                         bool masking, std::vector<int64_t>& sent);
 
+// The same first step on the host, fused with what an all-reduce does to its input before
+// the ranks agree on finiteness, for a float32 x that is also the sum the exchange writes
+// (in place): in one pass over x, m·u + x into the state's spare velocity (u untouched,
+// so a step the ranks refuse changes no state), x checked for Inf and NaN, and x zeroed
+// (the exchange adds the payloads into it: ExchangeCall::sum_zeroed). Returns whether x
+// was finite. Rounded as add_momentum rounds: the same bits.
+bool velocity_into_spare(CompressedState& state, const at::Tensor& x, double momentum, const std::string& key);
+
+// After the ranks agreed to take the step: the spare becomes the velocity and what is
+// encoded, as add_momentum leaves them (the old velocity's storage is the next spare).
+void take_spare_velocity(CompressedState& state, ExchangeCall& call, bool masking, std::vector<int64_t>& sent);
+
 // Factor masking, after the encode: u is zeroed where the encode sent something. On the
 // host at the positions the encoders reported: a tensor of pieces (layer-aware) reports
 // only from the pieces whose codec selects, so a piece sent whole (a small one, exact)

@@ -21,7 +21,11 @@ class OneShotExchange final : public Exchange {
     flights.start_allgather(mine, bytes_on(call.transport_device, ranks * stride, Buffer::kAll), transport);
     const at::Tensor all = flights.finish(0);
     try {
-      codec.decode_sum(all, stride, ranks, sum, call.scale);
+      if (call.sum_zeroed) {
+        codec.decode_add(all, stride, ranks, sum, call.scale);
+      } else {
+        codec.decode_sum(all, stride, ranks, sum, call.scale);
+      }
     } catch (const SlotError& e) {
       raise_for_slot(e, call.key, "the payload");
     }

@@ -12,8 +12,11 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ranks import run_ranks
 
 # Error feedback, or a codec that could drop a NaN: the ranks agree on finiteness first.
+# With momentum correction the host writes the next velocity into a spare in the pass
+# that checks the input: a refused step leaves the velocity as it was too.
 AGREEING = ["topk:density=0.05", "stc:density=0.05", "sign", "sign:vote=majority", "randomk:density=0.2",
-            "qsgd:bits=4,ef=1"]
+            "qsgd:bits=4,ef=1", "stc:density=0.05,momentum=0.9", "topk:density=0.05,momentum=0.9",
+            "sign:momentum=0.9"]
 # No state to protect: the codec carries Inf and NaN into the result, as a dense all-reduce does.
 CARRYING = ["qsgd:bits=4", "fp16", "bf16"]
 STEPS, BAD_STEP, N = 4, 2, 1001
