@@ -35,7 +35,9 @@
 // selection codec, sets u to 0 where its encode sent something (factor masking; sign
 // sends every element and keeps u whole: 1-bit SGD with momentum; layer-aware, so do the
 // pieces sent whole, exact); the caller's
-// optimizer then runs without momentum. State is kept under the caller's key: the
+// optimizer then runs without momentum. On the host, an fp32 all-reduce writes the next
+// velocity into a spare (one more n-element buffer per tensor) in the pass that checks its
+// input, and takes it once the ranks agree. State is kept under the caller's key: the
 // backend derives keys from the call sequence, the DDP hook uses bucket indices or
 // parameter names, the model-level API parameter names. Calls for one key must not run
 // concurrently.
