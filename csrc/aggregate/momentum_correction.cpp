@@ -45,8 +45,8 @@ inline bool spare_step_scalar(const float* u, float* w, float* x, int64_t begin,
 
 // Above this many bytes the spare is written past the caches (streaming stores): the
 // encoder reads it back only after the whole pass, from memory anyway, and streaming
-// skips reading the spare's old lines in before writing them (on the Xeon and the EPYC
-// of docs/results.md, a pass of 11.9M elements took half the time of plain stores).
+// skips reading the spare's old lines in before writing them (on the Xeon of
+// docs/results.md, a pass of 11.9M elements took about half the time of plain stores).
 constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
 template <bool kStream>
