@@ -10,11 +10,11 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 
 #include "aggregate/compressed_residuals.h"
 #include "codec/cpu_features.h"
+#include "codec/element_math.cuh"
 
 namespace gradzip {
 namespace {
@@ -31,12 +31,9 @@ void velocity_for(CompressedState& state, const at::Tensor& x, const std::string
 // velocity_into_spare's pass: w = u·m + x (mul then add, no FMA), x checked and zeroed.
 // Returns true when some x was Inf or NaN (the only floats whose exponent is all ones).
 inline bool spare_step_scalar(const float* u, float* w, float* x, int64_t begin, int64_t end, float m) {
-  constexpr uint32_t kExponent = 0x7F800000u;
   uint32_t bad = 0;
   for (int64_t i = begin; i < end; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, 4);
-    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
+    bad |= math::non_finite_bit(x[i]);
     w[i] = u[i] * m + x[i];
     x[i] = 0.0f;
   }

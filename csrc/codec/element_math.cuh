@@ -39,6 +39,9 @@ GZ_HD float bits_float(uint32_t u) {
 // |x| as an unsigned key whose order is the order of |x| (NaN above +Inf).
 GZ_HD uint32_t magnitude_key(float x) { return float_bits(x) & 0x7fffffffu; }
 
+// 1 for Inf and NaN, the only floats whose exponent field is all ones; 0 otherwise.
+GZ_HD uint32_t non_finite_bit(float x) { return static_cast<uint32_t>((float_bits(x) & 0x7F800000u) == 0x7F800000u); }
+
 // 1 for x >= +0 (and +NaN), 0 for x <= -0 (and -NaN): the sign bit, inverted.
 GZ_HD uint32_t nonnegative_bit(float x) { return (float_bits(x) >> 31) ^ 1u; }
 

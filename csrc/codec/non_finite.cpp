@@ -1,10 +1,10 @@
 // Non-finite input: the check, the header-only payload that stands for it, and the
 // decoder entry that reads it (include/gradzip/codec.h).
 #include <algorithm>
-#include <cstring>
 #include <limits>
 
 #include "codec/cpu_features.h"
+#include "codec/element_math.cuh"
 #include "codec/wire.h"
 
 namespace gradzip {
@@ -16,13 +16,8 @@ constexpr int64_t kFiniteBlock = 1 << 14;  // elements checked between early exi
 // Inf and NaN are the only floats whose exponent field is all ones. An OR of compares
 // over a block vectorizes; blocks let a bad step stop early.
 inline bool block_finite(const float* x, int64_t begin, int64_t end) {
-  constexpr uint32_t kExponent = 0x7F800000u;
   uint32_t bad = 0;
-  for (int64_t i = begin; i < end; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, x + i, 4);
-    bad |= static_cast<uint32_t>((bits & kExponent) == kExponent);
-  }
+  for (int64_t i = begin; i < end; ++i) bad |= math::non_finite_bit(x[i]);
   return bad == 0;
 }
 
