@@ -180,9 +180,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const bool finite_here = spare ? velocity_into_spare(state, call.x, momentum_, key) : true;
   lock.unlock();
   if (agree_on_finiteness_ &&
-      !(all_finite  ? *all_finite
-        : spare     ? finite_on_every_rank(finite_here, transport, tensor.device())
-                    : finite_on_every_rank(call.x, transport, tensor.device()))) {
+      !(all_finite ? *all_finite
+                   : finite_on_every_rank(spare ? finite_here : locally_finite(call.x), transport, tensor.device()))) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }

@@ -51,8 +51,7 @@ __attribute__((target("avx2"))) bool spare_step_avx2(const float* u, float* w, f
   int64_t i = 0;
   bool bad = false;
   if constexpr (kStream) {  // streaming stores take 32-byte aligned addresses
-    const int64_t head = static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(w) % 32) % 32) / 4;
-    i = reinterpret_cast<uintptr_t>(w) % 4 == 0 ? std::min(n, head) : n;
+    i = std::min(n, static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(w) % 32) % 32) / 4);
     bad = spare_step_scalar(u, w, x, 0, i, m);
   }
   const __m256 factor = _mm256_set1_ps(m);
