@@ -13,6 +13,7 @@ void bind_aggregation(pybind11::module_& m);
 void bind_codec(pybind11::module_& m);
 void bind_topology(pybind11::module_& m);
 void bind_mpi(pybind11::module_& m);  // nothing when the MPI transport is not built
+void bind_host_staging(pybind11::module_& m);
 void bind_testing(pybind11::module_& m);  // gradzip._C.testing: for tests and benchmarks only
 
 // {"calls", "bytes_sent", "bytes_received", "dense_bytes"}

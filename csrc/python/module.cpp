@@ -20,6 +20,7 @@ PYBIND11_MODULE(_C, m) {
   gradzip::python::bind_codec(m);
   gradzip::python::bind_topology(m);
   gradzip::python::bind_mpi(m);
+  gradzip::python::bind_host_staging(m);
   gradzip::python::bind_testing(m);
 
   m.def("_close_exit_gate", &gradzip::exit_gate::close, py::call_guard<py::gil_scoped_release>(),

@@ -4,13 +4,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from . import mpi
+from . import cuda_transport, mpi
 from ._extension import _C
 from .node_layout import (gloo_maker, layout_ranks, node_layout, node_transports, shared_memory_name,
                           shared_memory_wanted)
 from .options import Options
 from .spec import SpecError
-from .rank_agreement import describe, require_agreement
+from .rank_agreement import describe, gathered_texts, require_same
 
 BACKEND_NAME = "gradzip"
 
@@ -25,14 +25,19 @@ def _create_backend(dist_opts, backend_options):
         raise TypeError(
             f"gradzip: pg_options must be a gradzip.Options, not {type(backend_options).__name__}"
         )
-    # A rank whose spec does not parse still joins the agreement below, so that the others
-    # learn why instead of waiting for it.
+    # A rank whose spec (or CUDA transport) does not parse still joins the all-gather
+    # below, so that the others learn why instead of waiting for it.
     invalid = None
     try:
         spec = options.resolved_spec()
         configured = describe(f"spec '{spec}'")
     except SpecError as error:
         invalid, configured = error, describe(f"an invalid spec ({error})")
+    try:
+        cuda_asked = cuda_transport.requested(options.cuda_transport)
+    except ValueError as error:
+        invalid = invalid or error
+        cuda_asked = f"an invalid request ({error})"
     validate = options.resolved_validate()
     rank, size = dist_opts.group_rank, dist_opts.group_size
     timeout = dist_opts.timeout if isinstance(dist_opts.timeout, timedelta) else timedelta(seconds=1800)
@@ -47,24 +52,31 @@ def _create_backend(dist_opts, backend_options):
         cpu = dist.ProcessGroupGloo(dist.PrefixStore("gradzip/gloo/", store), rank, size, timeout)
         cpu.options.global_ranks_in_group = dist_opts.global_ranks_in_group
         cpu.options.group_name = f"{dist_opts.group_id}/gradzip-gloo"  # its logs tell it from a gloo group
-    require_agreement(cpu, size, configured)
+    # One all-gather: what each rank was configured with (they must agree), and what
+    # decides the CUDA transport (cuda_transport.py).
+    bound = bound_device(dist_opts)
+    said = gathered_texts(cpu, size, [configured, cuda_transport.describe_rank(cuda_asked, bound)])
+    require_same([texts[0] for texts in said])
+    cuda_transport.require_one_request([texts[1] for texts in said])
     if invalid is not None:
         raise invalid
-    nccl = None
-    if torch.cuda.is_available() and dist.is_nccl_available():
+    cuda = None
+    if torch.cuda.is_available() and cuda_transport.choose(cuda_asked, [texts[1] for texts in said], rank,
+                                                           dist.is_nccl_available()) == "host":
+        cuda = _C.HostStagedBackend(cpu)
+    elif torch.cuda.is_available():
         if over_mpi:
             store = mpi.rendezvous_store(cpu, rank, size, timeout)
         nccl_options = dist.ProcessGroupNCCL.Options()
         nccl_options._timeout = timeout
         nccl_options.global_ranks_in_group = dist_opts.global_ranks_in_group
         nccl_options.group_name = f"{dist_opts.group_id}/gradzip-nccl"
-        nccl = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
+        cuda = dist.ProcessGroupNCCL(dist.PrefixStore("gradzip/nccl/", store), rank, size, nccl_options)
         # init_process_group(device_id=...) bound the group to this rank's GPU: so is NCCL,
         # whose communicators are then made for that device, never one it guesses.
-        bound = bound_device(dist_opts)
         if bound is not None:
-            nccl.bound_device_id = bound
-    backend = _C.Backend(rank, size, cpu, nccl, spec, validate, timeout)
+            cuda.bound_device_id = bound
+    backend = _C.Backend(rank, size, cpu, cuda, spec, validate, timeout)
     # The collective check through shared memory where every rank runs on this host.
     if validate and not over_mpi and shared_memory_wanted() and len(node_layout(store, rank, size)) == 1:
         backend.use_shared_memory_check(shared_memory_name(store, [list(range(size))], rank, "check"))
@@ -81,7 +93,10 @@ def _create_backend(dist_opts, backend_options):
         if levels is not None:
             name = shared_memory_name(store, layout, rank) if shared_memory_wanted() else None
             backend.use_node_levels("cpu", *levels, layout_ranks(layout), shared_memory=name)
-            if nccl is not None:
+            if isinstance(cuda, _C.HostStagedBackend):  # the node and lane transports, staged
+                backend.use_node_levels("cuda", *(_C.HostStagedBackend(level) for level in levels),
+                                        layout_ranks(layout))
+            elif cuda is not None:
                 backend.use_node_levels("cuda", *node_transports(layout, rank, nccl_maker(store, nccl_options)),
                                         layout_ranks(layout))
     return backend
@@ -111,14 +126,15 @@ def bind_transport_to_bound_device(group=None):
     bound the group to, where the backend could not see it when it was made: torch versions
     whose backend options carry no process group (2.11, the GPU machines' torch, among
     them) set the group's bound device only after the backend exists. A no-op for other
-    groups, for groups bound to no GPU, and for a transport already bound."""
+    groups, for groups bound to no GPU, for a transport already bound, and for a group
+    whose CUDA tensors travel through host memory."""
     group = group if group is not None else dist.group.WORLD
     bound = getattr(group, "bound_device_id", None)
     if bound is None or bound.type != "cuda" or dist.get_backend(group) != BACKEND_NAME:
         return
     backend = group._get_backend(torch.device("cuda"))
     nccl = backend.transport("cuda") if isinstance(backend, _C.Backend) else None
-    if nccl is not None and nccl.bound_device_id is None:
+    if nccl is not None and not isinstance(nccl, _C.HostStagedBackend) and nccl.bound_device_id is None:
         nccl.bound_device_id = bound
 
 

@@ -30,11 +30,17 @@ class Options:
     transport: what carries CPU tensors: ``"mpi"`` (gradzip.mpi, over the Open MPI or
         MPICH the build links) or ``"gloo"``. Default: ``$GRADZIP_TRANSPORT``, else
         ``"mpi"`` when that MPI's launcher started the job, else ``"gloo"``.
+    cuda_transport: what carries CUDA tensors: ``"nccl"``, ``"host"`` (the CPU transport
+        through pinned host memory: ranks that share a GPU, where NCCL refuses them) or
+        ``"auto"`` (host exactly when ranks share a GPU, or torch has no NCCL; rank 0 logs
+        the choice: gradzip/cuda_transport.py). Default: ``$GRADZIP_CUDA_TRANSPORT``, else
+        ``"auto"``.
     """
 
     aggregation: Union[str, Spec, None] = None
     validate: Optional[bool] = None
     transport: Optional[str] = None
+    cuda_transport: Optional[str] = None
 
     def resolved_spec(self) -> Spec:
         spec = self.aggregation if self.aggregation is not None else os.environ.get("GRADZIP_AGGREGATION")

@@ -35,7 +35,8 @@ def _fixed(text: str) -> torch.Tensor:
         digest = hashlib.sha256(data).hexdigest()[:16].encode()
         data = data[: _WIDTH - len(digest) - 5] + b" ... " + digest
     out = torch.zeros(_WIDTH, dtype=torch.uint8)
-    out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    if data:
+        out[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     return out
 
 
@@ -46,15 +47,21 @@ _RESUMED = ("the ranks of this group are not at the same point of their aggregat
            "the same step, or one state_dict(portable=True)), or none")
 
 
-def require_agreement(transport, size: int, description: str, device=None, problem=_CONFIGURED) -> None:
-    """All-gathers `description` over `transport` (a c10d Backend of the group's ranks, moving
-    `device` tensors; default CPU) and raises ValueError on every rank, naming which ranks said
-    what, unless all are equal. `problem`: what a difference means and what to do about it
-    (default: ranks configured differently; _RESUMED: ranks resumed from different points)."""
-    mine = _fixed(description).to(device or "cpu")
+def gathered_texts(transport, size: int, texts: list[str], device=None) -> list[list[str]]:
+    """Every rank's `texts` (the same number on every rank, each up to 512 bytes; a longer
+    one keeps its start and a digest of the whole), by rank: one all-gather over `transport`
+    (a c10d Backend of the group's ranks, moving `device` tensors; default CPU)."""
+    mine = torch.cat([_fixed(text) for text in texts]).to(device or "cpu")
     every = [torch.empty_like(mine) for _ in range(size)]
     transport.allgather([every], [mine]).wait()
-    said = [bytes(t.cpu().numpy()).rstrip(b"\0").decode(errors="replace") for t in every]
+    return [[bytes(field.cpu().numpy()).rstrip(b"\0").decode(errors="replace") for field in row.split(_WIDTH)]
+            for row in every]
+
+
+def require_same(said: list[str], problem=_CONFIGURED) -> None:
+    """Raises ValueError, naming which ranks said what, unless every rank (by index) said
+    the same. `problem`: what a difference means and what to do about it (default: ranks
+    configured differently; _RESUMED: ranks resumed from different points)."""
     if len(set(said)) == 1:
         return
     sides = {}
@@ -62,6 +69,12 @@ def require_agreement(transport, size: int, description: str, device=None, probl
         sides.setdefault(text, []).append(rank)
     named = "; ".join(f"rank{'s' if len(r) > 1 else ''} {', '.join(map(str, r))}: {text}" for text, r in sides.items())
     raise ValueError(f"gradzip: {problem[0]} ({named}); {problem[1]}")
+
+
+def require_agreement(transport, size: int, description: str, device=None, problem=_CONFIGURED) -> None:
+    """All-gathers `description` over `transport` (gathered_texts) and raises ValueError on
+    every rank unless all are equal (require_same)."""
+    require_same([texts[0] for texts in gathered_texts(transport, size, [description], device)], problem)
 
 
 def require_same_start(transport, size: int, spec, position: str, device=None) -> None:

@@ -1,0 +1,278 @@
+#include "transport/host_staged_backend.h"
+
+#include <mutex>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+namespace gradzip {
+namespace {
+
+// A contiguous host tensor of t's sizes and dtype: pinned when t is on a GPU, so that
+// its copies are DMA transfers.
+at::Tensor host_twin(const at::Tensor& t) {
+  TORCH_CHECK(t.layout() == at::kStrided, "gradzip host staging: a tensor of layout ", t.layout(),
+              " cannot travel through host buffers; only dense tensors do");
+  return at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU).pinned_memory(t.is_cuda()));
+}
+
+// The host call's Work, and the caller's outputs its host buffers are copied back into.
+class StagedWork final : public c10d::Work {
+ public:
+  StagedWork(c10::intrusive_ptr<c10d::Work> host, std::vector<at::Tensor> inputs,
+             std::vector<std::pair<at::Tensor, at::Tensor>> outputs)
+      : host_(std::move(host)), inputs_(std::move(inputs)), outputs_(std::move(outputs)) {}
+
+  bool isCompleted() override {
+    if (!host_->isCompleted()) return false;
+    if (host_->isSuccess()) copy_back();
+    return true;
+  }
+  bool isSuccess() const override { return host_->isSuccess(); }
+  std::exception_ptr exception() const override { return host_->exception(); }
+  int sourceRank() const override { return host_->sourceRank(); }
+  void abort() override { host_->abort(); }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!host_->wait(timeout)) return false;  // a failed host call raises here, and nothing is copied
+    copy_back();
+    return true;
+  }
+  std::vector<at::Tensor> result() override {
+    wait(kNoTimeout);
+    return targets();
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    auto self = c10::intrusive_ptr<StagedWork>::reclaim_copy(this);
+    return host_->getFuture()->then(
+        [self](c10::ivalue::Future& done) {
+          done.value();  // the host call's error becomes this future's
+          self->copy_back();
+          return c10::IValue(self->targets());
+        },
+        c10::ListType::ofTensors());
+  }
+
+ private:
+  void copy_back() {
+    std::call_once(copied_, [this] {
+      for (auto& [host, target] : outputs_) target.copy_(host);
+    });
+  }
+  std::vector<at::Tensor> targets() const {
+    std::vector<at::Tensor> out;
+    out.reserve(outputs_.size());
+    for (const auto& output : outputs_) out.push_back(output.second);
+    return out;
+  }
+
+  c10::intrusive_ptr<c10d::Work> host_;
+  std::vector<at::Tensor> inputs_;  // host copies the host call reads, alive until it is done
+  std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;  // (host buffer, caller's tensor)
+  std::once_flag copied_;
+};
+
+// One call's host tensors: in() holds a tensor's values, out() is copied back into the
+// tensor when the call completes, in_out() both.
+class Staging {
+ public:
+  at::Tensor in(const at::Tensor& t) {
+    at::Tensor host = host_twin(t);
+    host.copy_(t);
+    inputs_.push_back(host);
+    return host;
+  }
+  at::Tensor out(const at::Tensor& t) {
+    at::Tensor host = host_twin(t);
+    outputs_.emplace_back(host, t);
+    return host;
+  }
+  at::Tensor in_out(const at::Tensor& t) {
+    at::Tensor host = in(t);
+    outputs_.emplace_back(host, t);
+    return host;
+  }
+  template <typename Stage>
+  std::vector<at::Tensor> each(const std::vector<at::Tensor>& tensors, Stage stage) {
+    std::vector<at::Tensor> host;
+    host.reserve(tensors.size());
+    for (const auto& t : tensors) host.push_back((this->*stage)(t));
+    return host;
+  }
+  template <typename Stage>
+  std::vector<std::vector<at::Tensor>> each(const std::vector<std::vector<at::Tensor>>& lists, Stage stage) {
+    std::vector<std::vector<at::Tensor>> host;
+    host.reserve(lists.size());
+    for (const auto& list : lists) host.push_back(each(list, stage));
+    return host;
+  }
+  c10::intrusive_ptr<c10d::Work> work(c10::intrusive_ptr<c10d::Work> host) {
+    return c10::make_intrusive<StagedWork>(std::move(host), std::move(inputs_), std::move(outputs_));
+  }
+
+ private:
+  std::vector<at::Tensor> inputs_;
+  std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;
+};
+
+constexpr auto kIn = &Staging::in;
+constexpr auto kOut = &Staging::out;
+constexpr auto kInOut = &Staging::in_out;
+
+}  // namespace
+
+HostStagedBackend::HostStagedBackend(c10::intrusive_ptr<c10d::Backend> host)
+    : Backend(host ? host->getRank() : 0, host ? host->getSize() : 0), host_(std::move(host)) {
+  TORCH_CHECK(host_, "gradzip host staging: needs a host transport");
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                            const c10d::BroadcastOptions& opts) {
+  Staging s;
+  auto host = s.each(tensors, kInOut);
+  return s.work(host_->broadcast(host, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                            const c10d::AllreduceOptions& opts) {
+  Staging s;
+  auto host = s.each(tensors, kInOut);
+  return s.work(host_->allreduce(host, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_sparse(std::vector<at::Tensor>& /*tensors*/,
+                                                                   const c10d::AllreduceOptions& /*opts*/) {
+  TORCH_CHECK(false, "gradzip host staging: sparse all_reduce of GPU tensors is not supported over the host "
+              "transport; densify the tensor, or give the ranks GPUs of their own (NCCL)");
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                      const c10d::AllreduceCoalescedOptions& opts) {
+  Staging s;
+  auto host = s.each(tensors, kInOut);
+  return s.work(host_->allreduce_coalesced(host, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                         const c10d::ReduceOptions& opts) {
+  Staging s;
+  auto host = s.each(tensors, kInOut);
+  return s.work(host_->reduce(host, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                            std::vector<at::Tensor>& inputs,
+                                                            const c10d::AllgatherOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->allgather(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::AllgatherOptions& opts) {
+  Staging s;
+  at::Tensor host_in = s.in(input);
+  at::Tensor host_out = s.out(output);
+  return s.work(host_->_allgather_base(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                      std::vector<at::Tensor>& inputs,
+                                                                      const c10d::AllgatherOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->allgather_coalesced(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_into_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->allgather_into_tensor_coalesced(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                         std::vector<at::Tensor>& inputs,
+                                                         const c10d::GatherOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->gather(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                          std::vector<std::vector<at::Tensor>>& inputs,
+                                                          const c10d::ScatterOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->scatter(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<std::vector<at::Tensor>>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->reduce_scatter(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                       const c10d::ReduceScatterOptions& opts) {
+  Staging s;
+  at::Tensor host_in = s.in(input);
+  at::Tensor host_out = s.out(output);
+  return s.work(host_->_reduce_scatter_base(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->reduce_scatter_tensor_coalesced(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                                std::vector<int64_t>& output_split_sizes,
+                                                                std::vector<int64_t>& input_split_sizes,
+                                                                const c10d::AllToAllOptions& opts) {
+  Staging s;
+  at::Tensor host_in = s.in(input);
+  at::Tensor host_out = s.out(output);
+  return s.work(host_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                           std::vector<at::Tensor>& inputs,
+                                                           const c10d::AllToAllOptions& opts) {
+  Staging s;
+  auto host_in = s.each(inputs, kIn);
+  auto host_out = s.each(outputs, kOut);
+  return s.work(host_->alltoall(host_out, host_in, opts));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
+  Staging s;
+  auto host = s.each(tensors, kIn);
+  return s.work(host_->send(host, dst_rank, tag));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
+  Staging s;
+  auto host = s.each(tensors, kOut);
+  return s.work(host_->recv(host, src_rank, tag));
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  Staging s;
+  auto host = s.each(tensors, kOut);
+  return s.work(host_->recvAnysource(host, tag));
+}
+
+}  // namespace gradzip

@@ -1,0 +1,226 @@
+"""The host-staged transport (gradzip._C.HostStagedBackend), which carries a gradzip
+group's CUDA tensors where its ranks share a GPU, and the choice of it
+(gradzip/cuda_transport.py).
+
+On real ranks, through torch.distributed's own functions: a group whose backend is the
+staged transport over Gloo gives every collective Gloo's bytes, every point-to-point
+pattern in every order of posting and waiting, futures and polling; a failed host call
+leaves the outputs untouched. It stages CPU tensors here (the same code as for GPU
+tensors but for the copies' device; tests/python/test_gpu_ranks.py runs it on a GPU)."""
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import p2p_patterns
+from ranks import run_ranks
+
+STAGED = "staged-for-tests"
+
+
+def staged_group(timeout=timedelta(seconds=60)):
+    """A process group of every rank whose backend is HostStagedBackend over its own Gloo."""
+    from gradzip import _C
+
+    def create(store, rank, size, group_timeout):
+        return _C.HostStagedBackend(dist.ProcessGroupGloo(store, rank, size, group_timeout))
+
+    if STAGED not in dist.Backend.backend_list:
+        dist.Backend.register_backend(STAGED, create, devices=["cpu"])
+    return dist.new_group(backend=STAGED, timeout=timeout)
+
+
+def collectives(rank, world, group):
+    """Every collective torch.distributed offers on CPU tensors, on `group`: what each returned."""
+    g = torch.Generator().manual_seed(rank)
+    out = {}
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g)
+
+    t = randn(1000)
+    dist.broadcast(t, src=world - 1, group=group)
+    out["broadcast"] = t
+    for op in (dist.ReduceOp.SUM, dist.ReduceOp.MAX, dist.ReduceOp.PRODUCT):
+        t = randn(257)
+        dist.all_reduce(t, op=op, group=group)
+        out[f"all_reduce {op}"] = t
+    base = randn(6, 4)
+    t, c = base.clone().t(), base.t().contiguous()  # the same values, not contiguous and contiguous
+    dist.all_reduce(t, group=group)
+    dist.all_reduce(c, group=group)
+    out["all_reduce of a transposed tensor"] = t
+    out["all_reduce of its contiguous copy"] = c
+    t = torch.arange(10, dtype=torch.int64) * (rank + 1)
+    dist.all_reduce(t, group=group)
+    out["all_reduce int64"] = t
+    t = randn(33)
+    dist.reduce(t, dst=0, group=group)
+    out["reduce (root)"] = t if rank == 0 else torch.zeros(0)
+    gathered = [torch.empty(5) for _ in range(world)]
+    dist.all_gather(gathered, randn(5), group=group)
+    out["all_gather"] = torch.cat(gathered)
+    flat = torch.empty(world * 7)
+    dist.all_gather_into_tensor(flat, randn(7), group=group)
+    out["all_gather_into_tensor"] = flat
+    inplace = torch.zeros(world * 3)  # FSDP's way: the input is this rank's piece of the output
+    inplace[rank * 3:(rank + 1) * 3] = randn(3)
+    dist.all_gather_into_tensor(inplace, inplace[rank * 3:(rank + 1) * 3], group=group)
+    out["all_gather_into_tensor in place"] = inplace
+    rows = [torch.empty(4) for _ in range(world)] if rank == 0 else None
+    dist.gather(randn(4), rows, dst=0, group=group)
+    out["gather"] = torch.cat(rows) if rank == 0 else torch.zeros(0)
+    piece = torch.empty(6)
+    dist.scatter(piece, [randn(6) for _ in range(world)] if rank == 1 else None, src=1, group=group)
+    out["scatter"] = piece
+    mine = torch.empty(5)
+    dist.reduce_scatter_tensor(mine, randn(world * 5), group=group)
+    out["reduce_scatter_tensor"] = mine
+    split_in = [r + 1 for r in range(world)]  # rank r gets r + 1 rows from everyone
+    split_out = [rank + 1] * world
+    received = torch.empty(sum(split_out), 2)
+    dist.all_to_all_single(received, randn(sum(split_in), 2), split_out, split_in, group=group)
+    out["all_to_all_single, uneven"] = received
+    pieces = [torch.empty(3) for _ in range(world)]
+    dist.all_to_all(pieces, [randn(3) for _ in range(world)], group=group)
+    out["all_to_all"] = torch.cat(pieces)
+    t = randn(100)
+    future = dist.all_reduce(t, group=group, async_op=True).get_future()
+    out["all_reduce's future"] = future.wait()[0].clone()
+    out["all_reduce's tensor after its future"] = t
+    t = randn(100)
+    work = dist.all_reduce(t, group=group, async_op=True)
+    while not work.is_completed():
+        pass
+    out["all_reduce polled"] = t.clone()  # read before wait(): is_completed() copied it back
+    work.wait()
+    dist.barrier(group=group)
+    return out
+
+
+def as_gloo(rank, world):
+    dist.init_process_group("gloo")
+    staged, gloo = staged_group(), dist.new_group(backend="gloo")
+    ours, theirs = collectives(rank, world, staged), collectives(rank, world, gloo)
+    assert list(ours) == list(theirs)
+    # Staged, a transposed tensor travels in its logical order: Gloo's result for the
+    # contiguous copy (Gloo reduces the storage's order; with 3 ranks its ring rounds
+    # another way).
+    theirs["all_reduce of a transposed tensor"] = theirs["all_reduce of its contiguous copy"]
+    for what in ours:
+        assert torch.equal(ours[what].contiguous().view(torch.uint8), theirs[what].contiguous().view(torch.uint8)), what
+    return len(ours)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_collective_gives_gloos_bytes(world):
+    assert run_ranks(as_gloo, world) == [19] * world
+
+
+def p2p_as_gloo(rank, world):
+    dist.init_process_group("gloo")
+    staged, gloo = staged_group(), dist.new_group(backend="gloo")
+    cases = [(name, n, post, wait) for name in p2p_patterns.PATTERNS for n in (0, 1, 1000)
+             for post in p2p_patterns.POST_ORDERS for wait in p2p_patterns.WAIT_ORDERS]
+    for name, n, post, wait in cases:
+        what = f"{name}, {n} elements, posted {post}, waited {wait}"
+        results = []
+        for group in (staged, gloo):
+            sends, receives = p2p_patterns.PATTERNS[name](rank, world, n)
+            results.append(p2p_patterns.exchange(group, sends, receives, post, wait))
+        p2p_patterns.check(rank, receives, results[0], what + " (staged)")
+        for ours, theirs in zip(*results):
+            assert torch.equal(ours.view(torch.uint8), theirs.view(torch.uint8)), what
+    if rank == 0:  # a receive from any source names its source
+        got = torch.empty(4)
+        work = staged._get_backend(torch.device("cpu")).recv_anysource([got], 9)
+        work.wait()
+        assert work._source_rank() == 1 and torch.equal(got, torch.full((4,), 7.0))
+    elif rank == 1:
+        dist.send(torch.full((4,), 7.0), 0, group=staged, tag=9)
+    return len(cases)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_point_to_point_pattern_in_every_order_completes_as_on_gloo(world):
+    assert run_ranks(p2p_as_gloo, world) == [len(p2p_patterns.PATTERNS) * 3 * 12] * world
+
+
+def failed_call(rank, world):
+    """Rank 0 all-reduces alone: the host call times out; wait raises, the tensor is untouched."""
+    dist.init_process_group("gloo")
+    staged = staged_group(timeout=timedelta(seconds=2))
+    errors = []
+    if rank == 0:
+        t = torch.full((8,), 3.0)
+        try:
+            dist.all_reduce(t, group=staged)
+        except RuntimeError as error:
+            errors.append(str(error))
+        assert torch.equal(t, torch.full((8,), 3.0))
+        sparse = torch.sparse_coo_tensor([[0, 2]], [1.0, 2.0], (4,))
+        with pytest.raises(RuntimeError, match="only dense tensors"):
+            staged._get_backend(torch.device("cpu")).allreduce([sparse]).wait()
+    dist.barrier()
+    return errors
+
+
+def test_a_failed_host_call_raises_and_copies_nothing_back():
+    errors = run_ranks(failed_call, 2)
+    assert len(errors[0]) == 1 and errors[1] == []
+
+
+def test_the_choice_follows_bound_gpus_then_counts():
+    from gradzip.cuda_transport import decide
+
+    def entry(node, bound, *visible):
+        return "|".join(["auto", node, bound, ",".join(visible)])
+
+    assert decide([entry("a", "g0", "g0", "g1"), entry("a", "g1", "g0", "g1")])[0] == "nccl"
+    choice, why = decide([entry("a", "g0", "g0", "g1"), entry("a", "g0", "g0", "g1")])
+    assert choice == "host" and "ranks 0, 1 are bound to one GPU" in why
+    assert decide([entry("a", "g0", "g0"), entry("b", "g0", "g0")])[0] == "nccl"  # same UUID digest, other node
+    # Unbound: four ranks on one node that sees one GPU share it.
+    choice, why = decide([entry("a", "-", "g0")] * 4)
+    assert choice == "host" and "node a holds 4 ranks (0, 1, 2, 3) and its ranks see 1 GPU" in why
+    # CUDA_VISIBLE_DEVICES gives each rank its own GPU: four GPUs between them.
+    assert decide([entry("a", "-", f"g{r}") for r in range(4)])[0] == "nccl"
+    assert decide([entry("a", "-", "g0", "g1"), entry("a", "-", "g0", "g1"), entry("b", "-", "g2")])[0] == "nccl"
+    assert decide([entry("a", "-", "g0", "g1"), entry("b", "g2", "g2"), entry("b", "-", "g2")])[0] == "host"
+    assert decide([entry("a", "-", "g0"), "auto"])[0] == "nccl"  # a rank without CUDA takes no part
+
+
+def test_an_explicit_choice_wins_and_without_nccl_auto_is_host():
+    from gradzip.cuda_transport import choose, requested
+
+    shared = ["|".join(["auto", "a", "-", "g0"])] * 2
+    assert choose("auto", shared, 0, nccl_available=True) == "host"
+    assert choose("nccl", shared, 0, nccl_available=True) == "nccl"
+    assert choose("host", ["auto|a|-|g0,g1"] * 2, 1, nccl_available=True) == "host"
+    assert choose("auto", ["auto|a|-|g0,g1"] * 2, 1, nccl_available=False) == "host"
+    with pytest.raises(ValueError, match="no NCCL"):
+        choose("nccl", shared, 0, nccl_available=False)
+    assert requested(None) == "auto" and requested(" HOST ") == "host"
+    with pytest.raises(ValueError, match="must be one of auto, nccl, host, not 'gloo'"):
+        requested("gloo")
+
+
+def disagreeing(rank, world):
+    """Rank 1 asks for an unknown CUDA transport: every rank's init raises, naming it."""
+    import os
+
+    import gradzip
+    if rank == 1:
+        os.environ["GRADZIP_CUDA_TRANSPORT"] = "ncl"
+    try:
+        gradzip.init_process_group("gradzip")
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def test_ranks_that_ask_for_different_cuda_transports_fail_on_every_rank():
+    for message in run_ranks(disagreeing, 2):
+        assert "asked for different CUDA transports" in message, message
+        assert "rank 0: auto" in message and "rank 1: an invalid request" in message and "'ncl'" in message
