@@ -192,7 +192,7 @@ pytest_without_skips() {
   # time goes into starting ranks, not into the GPU.
   local workers=()
   "$PYTHON" -c 'import xdist' 2>/dev/null && workers=(-n 8)
-  "$PYTHON" -m pytest -q -rs "${workers[@]}" --junitxml="$out/test_cuda.xml" tests/python/test_cuda.py \
+  "$PYTHON" -m pytest -q -rs "${workers[@]}" --junitxml="$out/test_cuda.xml" tests/python/test_cuda.py tests/python/test_gpu_ranks.py \
     >"$out/test_cuda.log" 2>&1
   local rc=$?
   grep -E '^(FAILED|ERROR|SKIPPED)|Error|assert' "$out/test_cuda.log" | head -n 80
@@ -202,7 +202,7 @@ pytest_without_skips() {
 export -f gtest_without_skips pytest_without_skips
 if wanted test; then
   step "GPU GoogleTests, none skipped" gtest_without_skips
-  step "tests/python/test_cuda.py, none skipped" pytest_without_skips
+  step "tests/python/test_cuda.py and test_gpu_ranks.py, none skipped" pytest_without_skips
 fi
 if wanted cputest; then
   step "ctest (CPU)" sh -c 'ctest --test-dir build --output-on-failure -j8 -E "^Cuda" >"$0" 2>&1; rc=$?; tail -n 40 "$0"; exit $rc' "$out/ctest.log"
