@@ -16,7 +16,8 @@ from collective_calls import collectives
 from ranks import run_ranks
 
 pytestmark = [
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here (torch.cuda.is_available() is False)"),
+    pytest.mark.skipif(not torch.cuda.is_available(),
+                       reason="no CUDA device here (torch.cuda.is_available() is False)"),
 ]
 
 WORLDS = [2, 4]
@@ -24,7 +25,8 @@ SPECS = ["allreduce", "topk:density=0.01", "stc:density=0.01", "sign", "qsgd", "
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.dtype == b.dtype and torch.equal(a.cpu().contiguous().view(torch.uint8), b.cpu().contiguous().view(torch.uint8))
+    return a.dtype == b.dtype and torch.equal(a.cpu().contiguous().view(torch.uint8),
+                                              b.cpu().contiguous().view(torch.uint8))
 
 
 def init(spec="allreduce", device="cuda", **options):
