@@ -2,13 +2,14 @@
 # One command on a GPU machine: build gradzip with its CUDA kernels (ptxas's resource
 # report kept), run every test that needs the GPU (a skip there is a failure), benchmark
 # the kernels (benchmarks/cuda_kernels.py), run the GPU GoogleTests under
-# compute-sanitizer and, with two GPUs or more, the end-to-end all_reduce
-# against NCCL (benchmarks/cuda_allreduce.py).
+# compute-sanitizer, with two GPUs or more the end-to-end all_reduce against NCCL
+# (benchmarks/cuda_allreduce.py), and a short GPU time-to-accuracy run of 4 ranks
+# (benchmarks/train.py --device cuda).
 #
 #   benchmarks/gpu.sh                          # every stage (kernels at 1M, 10M, 100M elements)
 #   benchmarks/gpu.sh --quick                  # smaller sizes
 #   benchmarks/gpu.sh --only build,test        # some stages: build, test, cputest,
-#                                              # kernels, sanitize, allreduce
+#                                              # kernels, sanitize, allreduce, train
 #   benchmarks/gpu.sh --python PY --debs DIR   # a machine without network: PY's own torch
 #
 # Options for a machine borrowed for minutes (docs/cuda.md, "First run on a GPU machine"):
@@ -39,7 +40,7 @@ cd "$(dirname "$0")/.."
 started=$SECONDS
 
 quick=()
-stages=build,test,cputest,kernels,sanitize,allreduce
+stages=build,test,cputest,kernels,sanitize,allreduce,train
 given_python=""
 debs=""
 out=build/gpu-out
@@ -222,6 +223,26 @@ if wanted sanitize; then
     step "compute-sanitizer $tool" sh -c 'command -v compute-sanitizer >/dev/null || { echo "gpu.sh: no compute-sanitizer on PATH"; exit $3; }; env GRADZIP_CUDA_TEST_QUICK=1 compute-sanitizer --tool "$1" --error-exitcode 1 ./build/gradzip_tests --gtest_filter="$2" >"$0" 2>&1; rc=$?; grep -E "=========|FAILED" "$0" | head -n 60; tail -n 3 "$0"; [ $rc != 0 ] && grep -qi "device not supported" "$0" && exit $3; exit $rc' \
       "$out/sanitize_$tool.log" "$tool" "$sanitize_filter" "$cannot_run"
   done
+fi
+
+# Time to accuracy on the GPU: 4 ranks sharing the GPUs (over Gloo through host memory
+# where they share one), ResNet-18 on Fashion-MNIST, dense DDP against PyTorch's fp16 and
+# PowerSGD hooks and gradzip's codecs, on loopback. The data: $FASHION_MNIST_DIR, else
+# Debian's dataset-fashion-mnist (from --debs, which scripts/gpu_debs.sh fills, or
+# installed); without it the step is not run.
+if wanted train; then
+  data=/usr/share/datasets/fashion-mnist
+  [ -n "$debs" ] && [ -d "$prefix$data" ] && data=$prefix$data
+  data=${FASHION_MNIST_DIR:-$data}
+  if [ -f "$data/train-images-idx3-ubyte.gz" ]; then
+    size=(--epochs 3 --max-steps 40); [ ${#quick[@]} -gt 0 ] && size=(--epochs 1 --max-steps 10)
+    step "benchmarks/train.py --device cuda, 4 ranks" env FASHION_MNIST_DIR="$data" \
+      "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node 4 benchmarks/train.py --device cuda \
+      --model resnet --methods gpu "${size[@]}" --target dense-0.01 --stop-at-target --out "$out/train_gpu"
+  else
+    echo "=== gpu.sh: benchmarks/train.py: NOT RUN (no Fashion-MNIST at $data: set FASHION_MNIST_DIR)"
+    not_run+=("benchmarks/train.py --device cuda")
+  fi
 fi
 
 # End to end: one rank per GPU (NCCL cannot put two ranks on one GPU).

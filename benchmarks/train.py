@@ -9,11 +9,17 @@
     torchrun --standalone --nproc-per-node 4 benchmarks/train.py --model mlp --methods network \
         --epochs 20 --max-steps 30 --target dense-0.005 --target-window 3 --seeds 1 2 \
         --step-times benchmarks/results/train.json --stop-at-target --out benchmarks/results/seeds
+    torchrun --standalone --nproc-per-node 4 benchmarks/train.py --device cuda --model resnet \
+        --methods gpu --epochs 3 --max-steps 40 --target dense-0.01 --stop-at-target
 
 Every method trains the same model (--model: "cnn", the small CNN of
-examples/fashion_mnist.py, or "mlp", a 784-3072-3072-10 MLP of 11.9M parameters whose
-dense gradient exchange dominates a step at 1 Gbit/s) from the same seed, on the same
-shards, for the same epochs, one after the other in one launch:
+examples/fashion_mnist.py, "mlp", a 784-3072-3072-10 MLP of 11.9M parameters whose
+dense gradient exchange dominates a step at 1 Gbit/s, or "resnet", a ResNet-18 of 11.2M
+parameters for GPUs) from the same seed, on the same shards, for the same epochs, one
+after the other in one launch, on the CPU or (--device cuda) on the GPUs: rank r on GPU
+r mod the GPUs there are, so that 4 ranks on one GPU share it (a gradzip group then
+carries CUDA tensors over Gloo through host memory, as NCCL refuses two ranks on one
+GPU: docs/cuda.md; PyTorch's hooks and dense DDP run over such an exact gradzip group).
   none              DDP, dense all-reduce (no hook)
   torch-fp16        DDP with PyTorch's fp16_compress_hook
   torch-powersgd-R  DDP with PyTorch's powerSGD_hook, rank R (error feedback, warm start,
@@ -68,7 +74,12 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel as DDP
-from tqdm import tqdm
+
+try:
+    from tqdm import tqdm
+except ImportError:  # a Python without it (the lent GPU machines'): no progress bar
+    def tqdm(iterable, **_):
+        return iterable
 
 import gradzip
 
@@ -85,6 +96,8 @@ METHODS = {
               "backend:sign"],
     "network": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
                 "qsgd:bits=4", "stc:density=0.01,momentum=0.9,density_warmup=234"],
+    "gpu": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
+            "qsgd:bits=4"],
 }
 
 
@@ -100,7 +113,46 @@ class WideMLP(torch.nn.Module):
         return self.layers(x)
 
 
-MODELS = {"cnn": SmallCNN, "mlp": WideMLP}
+class BasicBlock(torch.nn.Module):
+    """Two 3x3 convolutions with batch norm and a shortcut (He et al., 2016)."""
+
+    def __init__(self, inputs, outputs, stride):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(inputs, outputs, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(outputs)
+        self.conv2 = torch.nn.Conv2d(outputs, outputs, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(outputs)
+        self.shortcut = torch.nn.Sequential()
+        if stride != 1 or inputs != outputs:
+            self.shortcut = torch.nn.Sequential(torch.nn.Conv2d(inputs, outputs, 1, stride=stride, bias=False),
+                                                torch.nn.BatchNorm2d(outputs))
+
+    def forward(self, x):
+        y = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(y)) + self.shortcut(x))
+
+
+class ResNet18(torch.nn.Module):
+    """ResNet-18 for 28x28 images: a 3x3 stem, four stages of two basic blocks (64, 128,
+    256, 512 channels; the last three halve the resolution), global average pooling:
+    11.2M parameters, a 44.7 MB fp32 gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(1, 64, 3, padding=1, bias=False), torch.nn.BatchNorm2d(64),
+                                        torch.nn.ReLU())
+        blocks, channels = [], 64
+        for width, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            blocks += [BasicBlock(channels, width, stride), BasicBlock(width, width, 1)]
+            channels = width
+        self.blocks = torch.nn.Sequential(*blocks)
+        self.head = torch.nn.Linear(512, 10)
+
+    def forward(self, x):
+        return self.head(F.adaptive_avg_pool2d(self.blocks(self.stem(x)), 1).flatten(1))
+
+
+MODELS = {"cnn": SmallCNN, "mlp": WideMLP, "resnet": ResNet18}
 
 
 class Method:
@@ -129,14 +181,15 @@ class Method:
         own = name.partition("@")[2]
         return float(own) if own else lr
 
-    def wrap(self, model):
+    def wrap(self, model, device):
         """The model to train and its SGD, the comm hook registered."""
         opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum())
         if self.gossip is not None:
             return model, opt
         # The gradients as views of DDP's buckets, for every method alike: no copy of the
         # averaged bucket back into them (each step's fresh gradients are still copied in).
-        ddp = DDP(model, process_group=self.group, gradient_as_bucket_view=True)
+        ddp = DDP(model, process_group=self.group, gradient_as_bucket_view=True,
+                  device_ids=[device.index] if device.type == "cuda" else None)
         kind = self.kind
         if kind == "torch-fp16":
             ddp.register_comm_hook(self.group, default_hooks.fp16_compress_hook)
@@ -173,21 +226,27 @@ class Method:
         return gradzip.stats(self.group)["bytes_sent"]
 
 
-def averaged(model, world, make):
+def averaged(model, world, make, device):
     """The average of every rank's replica, for evaluating decentralized training."""
-    average = make()
+    average = make().to(device)
     average.load_state_dict(model.state_dict())
     for p in average.parameters():
         dist.all_reduce(p.data, op=dist.ReduceOp.AVG)
     return average
 
 
-def compute_only(args, data, rank):
+def synchronized(device):
+    """Waits for the GPU's queued work, so that a timer read next counts it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def compute_only(args, data, rank, device):
     """Seconds per step of forward, backward and step without DDP (the slowest rank's,
     median of 10 steps after 2 of warm-up), every rank computing at once."""
     train_x, train_y = data[0], data[1]
     torch.manual_seed(args.seeds[0])
-    model = MODELS[args.model]()
+    model = MODELS[args.model]().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
     for step in range(12):
@@ -198,6 +257,7 @@ def compute_only(args, data, rank):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        synchronized(device)
         elapsed = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
         if step >= 2:
@@ -205,7 +265,7 @@ def compute_only(args, data, rank):
     return sorted(times)[len(times) // 2]
 
 
-def train(name, seed, args, data, rank, world, group, target=None, budget=None, step_time=None):
+def train(name, seed, args, data, rank, world, group, device, target=None, budget=None, step_time=None):
     """Trains `name` from `seed` for args.epochs epochs; with `target` and `budget`, until
     the first epoch that reaches the target accuracy or ends past `budget` seconds (its
     steps times `step_time` where given, else its own training time), however many
@@ -213,8 +273,8 @@ def train(name, seed, args, data, rank, world, group, target=None, budget=None, 
     train_x, train_y, test_x, test_y = data
     torch.manual_seed(seed)
     method = Method(name, group, args.lr)
-    base = MODELS[args.model]()
-    model, opt = method.wrap(base)
+    base = MODELS[args.model]().to(device)
+    model, opt = method.wrap(base, device)
     per_epoch = min(len(train_x) // world // args.batch_size, args.max_steps or len(train_x))
     schedule = learning_rate_schedule(opt, args.lr_schedule, args.epochs * per_epoch)
     epochs, elapsed, steps_done = [], 0.0, 0
@@ -236,12 +296,13 @@ def train(name, seed, args, data, rank, world, group, target=None, budget=None, 
             schedule.step()
             method.after_step(base)
         steps_done += steps
+        synchronized(device)
         seconds = torch.tensor([time.perf_counter() - start], dtype=torch.float64)
         dist.all_reduce(seconds, op=dist.ReduceOp.MAX)
         elapsed += seconds.item()
         sent = torch.tensor([method.bytes_sent()], dtype=torch.int64)
         dist.all_reduce(sent, op=dist.ReduceOp.MAX)
-        scored = averaged(base, world, MODELS[args.model]) if method.gossip is not None else base
+        scored = averaged(base, world, MODELS[args.model], device) if method.gossip is not None else base
         accuracy = evaluate(scored, test_x, test_y, rank, world)
         epochs.append({"epoch": epoch, "steps": steps_done, "accuracy": accuracy, "seconds": elapsed,
                        "bytes_sent": sent.item(), "step_seconds": elapsed / max(steps_done, 1)})
@@ -344,8 +405,13 @@ def print_table(runs, summary, step_times, compute, targets, methods, title):
 
 
 def plot(runs, path, title):
-    """Accuracy against bytes and against time, every seed (one colour per method)."""
-    import matplotlib
+    """Accuracy against bytes and against time, every seed (one colour per method); none
+    where matplotlib is missing (the lent GPU machines' Python)."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no matplotlib here: {path} not drawn")
+        return
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -385,6 +451,8 @@ def main():
                              "step price this run's steps (e.g. more seeds on loopback)")
     parser.add_argument("--max-steps", type=int, default=None, help="cut each epoch short")
     parser.add_argument("--model", choices=sorted(MODELS), default="cnn")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: rank r on GPU r mod the GPUs there are (several ranks may share one)")
     parser.add_argument("--target", default=None,
                         help="a test accuracy (e.g. 0.8), or dense-D: the first method's final accuracy less D; "
                              "the table gives the time to reach it")
@@ -409,6 +477,12 @@ def main():
     fixed_target = float(args.target) if args.target is not None and below_first is None else None
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    device = torch.device("cpu")
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            parser.error("--device cuda: no GPU is visible here")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     gradzip.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation="allreduce"))
@@ -416,13 +490,18 @@ def main():
     data = (*load("train"), *load("test"))
     if args.quick:  # evaluation would be most of a short run
         data = (data[0], data[1], data[2][:2000], data[3][:2000])
+    data = tuple(t.to(device) for t in data)
     if rank == 0:
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)
-    compute = compute_only(args, data, rank)
+    compute = compute_only(args, data, rank, device)
     cores = os.cpu_count()
     placement = (f"{world} ranks, one per core" if world == cores else
                  f"{world} ranks on {cores} cores" if world > cores else f"{world} ranks, {cores} cores")
+    if device.type == "cuda":
+        gpus = torch.cuda.device_count()
+        placement = (f"{world} ranks on {min(gpus, world)} {torch.cuda.get_device_name(device)} GPU"
+                     f"{'s' if min(gpus, world) > 1 else ''}, {cores} cores")
     if rank == 0:
         print(f"compute-only step ({args.model}, {placement}): {compute * 1e3:.1f} ms", flush=True)
     shaped = json.loads(Path(args.step_times).read_text()) if args.step_times else None
@@ -436,8 +515,8 @@ def main():
             budget = runs[seed][methods[0]][-1]["seconds"] if stop else None
             if stop and shaped is not None:  # the first method's steps at the shaped run's step times
                 budget = runs[seed][methods[0]][-1]["steps"] * shaped_step(shaped, methods[0])
-            runs[seed][name] = train(name, seed, args, data, rank, world, group, target if stop else None, budget,
-                                     shaped_step(shaped, name) if stop and shaped is not None else None)
+            runs[seed][name] = train(name, seed, args, data, rank, world, group, device, target if stop else None,
+                                     budget, shaped_step(shaped, name) if stop and shaped is not None else None)
             if i == 0 and below_first is not None:
                 target = windowed(runs[seed][name], args.target_window)[-1] - below_first
                 if rank == 0:
@@ -472,13 +551,14 @@ def main():
                 "batch_size": args.batch_size, "lr": args.lr, "lr_schedule": args.lr_schedule,
                 "target_window": args.target_window, "lrs": {name: Method.lr_of(name, args.lr) for name in methods},
                 "seeds": args.seeds, "max_steps": args.max_steps, "network": network, "step_times_from": args.step_times,
-                "host": platform.node(), "torch": torch.__version__}
+                "host": platform.node(), "torch": torch.__version__, "device": args.device}
         out.with_suffix(".json").write_text(json.dumps(
             {**meta, "summary": summary, "step_seconds": step_times,
              "results": {name: {seed: runs[seed][name] for seed in runs} for name in methods}}, indent=2))
         plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
                                             f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")
-        print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
+        print(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if out.with_suffix(".png").exists()
+                                                     else ""))
     dist.destroy_process_group()
 
 
