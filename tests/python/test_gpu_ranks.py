@@ -255,3 +255,102 @@ def resumed(rank, world, spec):
 @pytest.mark.parametrize("spec", ["stc:density=0.01", "topk:density=0.01,momentum=0.9"])
 def test_a_checkpoint_on_a_shared_gpu_resumes_bit_for_bit(spec):
     assert run_ranks(resumed, 2, spec) == [True, True]
+
+
+def fsdp_on_the_gpu(rank, world):
+    """FSDP2 on cuda:0 in every rank over the gradzip group (its all-gathers and exact
+    reduce-scatters staged), gradzip.fsdp.compress's reduce-scatter on the GPU; a resume
+    from a checkpoint at step 10 continues bit for bit."""
+    import gradzip
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from test_fsdp import OddNet, batch
+    init()
+
+    def sharded(spec, seed):
+        torch.manual_seed(seed)
+        model = OddNet().cuda()
+        mesh = init_device_mesh("cuda", (world,))
+        for layer in (model.a, model.b, model.c):
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        state = gradzip.fsdp.compress(model, spec) if spec else None
+        return model, state, torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(model, opt, first, steps):
+        losses = []
+        for step in range(first, first + steps):
+            x, y = (t.cuda() for t in batch(rank, step))
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    def local(model):
+        return [p.to_local().detach().cpu().clone() for p in model.parameters() if p.to_local().numel()]
+
+    exact, _, opt = sharded(None, 0)
+    exact_losses = train(exact, opt, 0, 40)
+    stc, state, opt = sharded("stc:density=0.1", 0)
+    stc_losses = train(stc, opt, 0, 40)
+    calls = state.stats()["calls"]
+    first, state, opt = sharded("stc:density=0.1", 1)
+    train(first, opt, 0, 10)
+    saved_params, saved_state = local(first), state.state_dict()
+    train(first, opt, 10, 10)
+    resumed, state2, opt2 = sharded("stc:density=0.1", 2)
+    with torch.no_grad():
+        for p, saved in zip(resumed.parameters(), saved_params):
+            p.to_local().copy_(saved)
+    state2.load_state_dict(saved_state)
+    train(resumed, opt2, 10, 10)
+    resumed_equal = all(torch.equal(a, b) for a, b in zip(local(first), local(resumed)))
+    return exact_losses, stc_losses, calls, resumed_equal
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_fsdp2_with_the_compressed_reduce_scatter_on_a_shared_gpu(world):
+    for exact_losses, stc_losses, calls, resumed_equal in run_ranks(fsdp_on_the_gpu, world):
+        assert sum(exact_losses[-10:]) < 0.3 * sum(exact_losses[:10]), exact_losses
+        assert sum(stc_losses[-10:]) < 0.3 * sum(stc_losses[:10]), stc_losses
+        assert calls == 40 * 3  # every layer's reduce-scatter went through gradzip
+        assert resumed_equal
+
+
+def diloco_on_the_gpu(rank, world):
+    """DiLoCo's outer step on cuda:0 in every rank: exact against the float64 reference,
+    compressed replicas identical."""
+    import gradzip
+
+    from test_diloco import H, INNER_LR, LR, MOMENTUM, make_model
+    init()
+    out = []
+    for spec in ("allreduce", "qsgd:bits=4,norm=max,ef=1"):
+        model = make_model().cuda()
+        inner = torch.optim.SGD(model.parameters(), lr=INNER_LR)
+        outer = gradzip.diloco.DiLoCo(model, spec, local_steps=H, outer_lr=LR, outer_momentum=MOMENTUM)
+        for step in range(2 * H):
+            g = torch.Generator().manual_seed(100 * step + rank)
+            x = torch.randn(8, 5, generator=g).cuda()
+            loss = torch.nn.functional.mse_loss(model(x), x[:, :3])
+            inner.zero_grad()
+            loss.backward()
+            inner.step()
+            outer.step()
+        out.append([p.detach().cpu().clone() for p in model.parameters()])
+    return out
+
+
+def test_diloco_on_a_shared_gpu():
+    from test_diloco import reference
+    outs = run_ranks(diloco_on_the_gpu, 2)
+    for exact, compressed in outs:
+        for got, want in zip(exact, reference(2, 2)):
+            assert torch.allclose(got.double(), want, atol=1e-5), (got.double() - want).abs().max()
+    for a, b in zip(outs[0][1], outs[1][1]):
+        assert same_bits(a, b)
+    for a, b in zip(outs[0][0], outs[1][0]):
+        assert same_bits(a, b)
