@@ -45,10 +45,10 @@ def _gpu_id(index: int) -> str:
 
 def describe_rank(asked: str, bound) -> str:
     """This rank's entry in the group's all-gather: what it asked for (requested(), or why
-    that failed), then, where CUDA is available, its node, the GPU it is bound to (or -)
-    and the GPUs it sees."""
-    if not torch.cuda.is_available():
-        return asked.replace("|", "/")
+    that failed), then, where "auto" has a choice to make (CUDA and NCCL available), its
+    node, the GPU it is bound to (or -) and the GPUs it sees."""
+    if asked != "auto" or not torch.cuda.is_available() or not dist.is_nccl_available():
+        return asked.replace("|", "/")  # nothing to decide: no GPU properties read (they initialize CUDA)
     visible = sorted({_gpu_id(i) for i in range(torch.cuda.device_count())})
     bound_id = _gpu_id(bound.index if bound.index is not None else torch.cuda.current_device()) if bound else "-"
     return "|".join([asked.replace("|", "/"), node_identity(), bound_id, ",".join(visible)])
