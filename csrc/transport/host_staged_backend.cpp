@@ -74,7 +74,7 @@ class StagedWork final : public c10d::Work {
 };
 
 // One call's host tensors: in() holds a tensor's values, out() is copied back into the
-// tensor when the call completes, in_out() both.
+// tensor when the call completes, in_out() both; each also over lists and lists of lists.
 class Staging {
  public:
   at::Tensor in(const at::Tensor& t) {
@@ -94,15 +94,12 @@ class Staging {
     return host;
   }
   template <typename Stage>
-  std::vector<at::Tensor> each(const std::vector<at::Tensor>& tensors, Stage stage) {
-    std::vector<at::Tensor> host;
-    host.reserve(tensors.size());
-    for (const auto& t : tensors) host.push_back((this->*stage)(t));
-    return host;
+  at::Tensor each(const at::Tensor& t, Stage stage) {
+    return (this->*stage)(t);
   }
-  template <typename Stage>
-  std::vector<std::vector<at::Tensor>> each(const std::vector<std::vector<at::Tensor>>& lists, Stage stage) {
-    std::vector<std::vector<at::Tensor>> host;
+  template <typename List, typename Stage>
+  std::vector<List> each(const std::vector<List>& lists, Stage stage) {
+    std::vector<List> host;
     host.reserve(lists.size());
     for (const auto& list : lists) host.push_back(each(list, stage));
     return host;
@@ -116,9 +113,22 @@ class Staging {
   std::vector<std::pair<at::Tensor, at::Tensor>> outputs_;
 };
 
-constexpr auto kIn = &Staging::in;
-constexpr auto kOut = &Staging::out;
-constexpr auto kInOut = &Staging::in_out;
+// `call(host outputs, host inputs)` on host copies of `inputs`, `outputs` copied back.
+template <typename Outputs, typename Inputs, typename Call>
+c10::intrusive_ptr<c10d::Work> staged(const Outputs& outputs, const Inputs& inputs, Call call) {
+  Staging s;
+  auto host_in = s.each(inputs, &Staging::in);
+  auto host_out = s.each(outputs, &Staging::out);
+  return s.work(call(host_out, host_in));
+}
+
+// `call(host tensors)` on host copies of `tensors`, which it reads and writes.
+template <typename Call>
+c10::intrusive_ptr<c10d::Work> staged_in_place(const std::vector<at::Tensor>& tensors, Call call) {
+  Staging s;
+  auto host = s.each(tensors, &Staging::in_out);
+  return s.work(call(host));
+}
 
 }  // namespace
 
@@ -129,16 +139,12 @@ HostStagedBackend::HostStagedBackend(c10::intrusive_ptr<c10d::Backend> host)
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  Staging s;
-  auto host = s.each(tensors, kInOut);
-  return s.work(host_->broadcast(host, opts));
+  return staged_in_place(tensors, [&](auto& host) { return host_->broadcast(host, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  Staging s;
-  auto host = s.each(tensors, kInOut);
-  return s.work(host_->allreduce(host, opts));
+  return staged_in_place(tensors, [&](auto& host) { return host_->allreduce(host, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_sparse(std::vector<at::Tensor>& /*tensors*/,
@@ -149,130 +155,94 @@ c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_sparse(std::vector<a
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  Staging s;
-  auto host = s.each(tensors, kInOut);
-  return s.work(host_->allreduce_coalesced(host, opts));
+  return staged_in_place(tensors, [&](auto& host) { return host_->allreduce_coalesced(host, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  Staging s;
-  auto host = s.each(tensors, kInOut);
-  return s.work(host_->reduce(host, opts));
+  return staged_in_place(tensors, [&](auto& host) { return host_->reduce(host, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->allgather(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  Staging s;
-  at::Tensor host_in = s.in(input);
-  at::Tensor host_out = s.out(output);
-  return s.work(host_->_allgather_base(host_out, host_in, opts));
+  return staged(output, input, [&](auto& out, auto& in) { return host_->_allgather_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->allgather_coalesced(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather_coalesced(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->allgather_into_tensor_coalesced(host_out, host_in, opts));
+  return staged(outputs, inputs,
+                [&](auto& out, auto& in) { return host_->allgather_into_tensor_coalesced(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->gather(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->gather(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->scatter(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->scatter(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->reduce_scatter(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->reduce_scatter(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  Staging s;
-  at::Tensor host_in = s.in(input);
-  at::Tensor host_out = s.out(output);
-  return s.work(host_->_reduce_scatter_base(host_out, host_in, opts));
+  return staged(output, input, [&](auto& out, auto& in) { return host_->_reduce_scatter_base(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->reduce_scatter_tensor_coalesced(host_out, host_in, opts));
+  return staged(outputs, inputs,
+                [&](auto& out, auto& in) { return host_->reduce_scatter_tensor_coalesced(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                 std::vector<int64_t>& output_split_sizes,
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
-  Staging s;
-  at::Tensor host_in = s.in(input);
-  at::Tensor host_out = s.out(output);
-  return s.work(host_->alltoall_base(host_out, host_in, output_split_sizes, input_split_sizes, opts));
+  return staged(output, input, [&](auto& out, auto& in) {
+    return host_->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
+  });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  Staging s;
-  auto host_in = s.each(inputs, kIn);
-  auto host_out = s.each(outputs, kOut);
-  return s.work(host_->alltoall(host_out, host_in, opts));
+  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->alltoall(out, in, opts); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {
-  Staging s;
-  auto host = s.each(tensors, kIn);
-  return s.work(host_->send(host, dst_rank, tag));
+  const std::vector<at::Tensor> none;
+  return staged(none, tensors, [&](auto& /*out*/, auto& in) { return host_->send(in, dst_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::recv(std::vector<at::Tensor>& tensors, int src_rank, int tag) {
-  Staging s;
-  auto host = s.each(tensors, kOut);
-  return s.work(host_->recv(host, src_rank, tag));
+  const std::vector<at::Tensor> none;
+  return staged(tensors, none, [&](auto& out, auto& /*in*/) { return host_->recv(out, src_rank, tag); });
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
-  Staging s;
-  auto host = s.each(tensors, kOut);
-  return s.work(host_->recvAnysource(host, tag));
+  const std::vector<at::Tensor> none;
+  return staged(tensors, none, [&](auto& out, auto& /*in*/) { return host_->recvAnysource(out, tag); });
 }
 
 }  // namespace gradzip

@@ -131,13 +131,13 @@ class OddNet(torch.nn.Module):
         return self.c(torch.tanh(self.b(torch.tanh(self.a(x)))))
 
 
-def sharded(world, spec, seed=0):
+def sharded(world, spec, seed=0, device="cpu"):
     import gradzip
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     torch.manual_seed(seed)
-    model = OddNet()
-    mesh = init_device_mesh("cpu", (world,))
+    model = OddNet().to(device)
+    mesh = init_device_mesh(device, (world,))
     for layer in (model.a, model.b, model.c):
         fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -151,10 +151,10 @@ def batch(rank, step):
     return x, x[:, :3] - x[:, 3:6]
 
 
-def train(model, opt, rank, steps, first=0):
+def train(model, opt, rank, steps, first=0, device="cpu"):
     losses = []
     for step in range(first, first + steps):
-        x, y = batch(rank, step)
+        x, y = (t.to(device) for t in batch(rank, step))
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
@@ -164,8 +164,23 @@ def train(model, opt, rank, steps, first=0):
 
 
 def local(model):
-    """This rank's shards (a rank may hold none of a small parameter)."""
-    return [p.to_local().detach().clone() for p in model.parameters() if p.to_local().numel()]
+    """This rank's shards (a rank may hold none of a small parameter), on the host."""
+    return [p.to_local().detach().cpu().clone() for p in model.parameters() if p.to_local().numel()]
+
+
+def resumes_bit_for_bit(world, rank, spec, device="cpu"):
+    """10 steps, a checkpoint, 10 more; against a fresh model loaded at step 10: the same shards."""
+    first, state, opt = sharded(world, spec, seed=1, device=device)
+    train(first, opt, rank, 10, device=device)
+    saved_params, saved_state = local(first), state.state_dict()
+    train(first, opt, rank, 10, first=10, device=device)
+    resumed, state2, opt2 = sharded(world, spec, seed=2, device=device)
+    with torch.no_grad():
+        for p, saved in zip(resumed.parameters(), saved_params):
+            p.to_local().copy_(saved)
+    state2.load_state_dict(saved_state)
+    train(resumed, opt2, rank, 10, first=10, device=device)
+    return all(torch.equal(a, b) for a, b in zip(local(first), local(resumed)))
 
 
 def fsdp_checks(rank, world):
@@ -186,18 +201,7 @@ def fsdp_checks(rank, world):
     stc_losses = train(stc, opt, rank, 40)
     ratio = state.stats()["dense_bytes"] / state.stats()["bytes_sent"]
 
-    # Resume: 10 steps, save, 10 more; against a fresh model loaded at step 10.
-    first, state, opt = sharded(world, "stc:density=0.1", seed=1)
-    train(first, opt, rank, 10)
-    saved_params, saved_state = local(first), state.state_dict()
-    train(first, opt, rank, 10, first=10)
-    resumed, state2, opt2 = sharded(world, "stc:density=0.1", seed=2)
-    with torch.no_grad():
-        for p, saved in zip(resumed.parameters(), saved_params):
-            p.to_local().copy_(saved)
-    state2.load_state_dict(saved_state)
-    train(resumed, opt2, rank, 10, first=10)
-    resumed_equal = all(torch.equal(a, b) for a, b in zip(local(first), local(resumed)))
+    resumed_equal = resumes_bit_for_bit(world, rank, "stc:density=0.1")
     return lossless_err, lossless_bytes, qsgd_err, exact_losses, stc_losses, ratio, resumed_equal
 
 

@@ -261,53 +261,14 @@ def fsdp_on_the_gpu(rank, world):
     """FSDP2 on cuda:0 in every rank over the gradzip group (its all-gathers and exact
     reduce-scatters staged), gradzip.fsdp.compress's reduce-scatter on the GPU; a resume
     from a checkpoint at step 10 continues bit for bit."""
-    import gradzip
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    from test_fsdp import OddNet, batch
+    from test_fsdp import resumes_bit_for_bit, sharded, train
     init()
-
-    def sharded(spec, seed):
-        torch.manual_seed(seed)
-        model = OddNet().cuda()
-        mesh = init_device_mesh("cuda", (world,))
-        for layer in (model.a, model.b, model.c):
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        state = gradzip.fsdp.compress(model, spec) if spec else None
-        return model, state, torch.optim.SGD(model.parameters(), lr=0.1)
-
-    def train(model, opt, first, steps):
-        losses = []
-        for step in range(first, first + steps):
-            x, y = (t.cuda() for t in batch(rank, step))
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        return losses
-
-    def local(model):
-        return [p.to_local().detach().cpu().clone() for p in model.parameters() if p.to_local().numel()]
-
-    exact, _, opt = sharded(None, 0)
-    exact_losses = train(exact, opt, 0, 40)
-    stc, state, opt = sharded("stc:density=0.1", 0)
-    stc_losses = train(stc, opt, 0, 40)
+    exact, _, opt = sharded(world, None, device="cuda")
+    exact_losses = train(exact, opt, rank, 40, device="cuda")
+    stc, state, opt = sharded(world, "stc:density=0.1", device="cuda")
+    stc_losses = train(stc, opt, rank, 40, device="cuda")
     calls = state.stats()["calls"]
-    first, state, opt = sharded("stc:density=0.1", 1)
-    train(first, opt, 0, 10)
-    saved_params, saved_state = local(first), state.state_dict()
-    train(first, opt, 10, 10)
-    resumed, state2, opt2 = sharded("stc:density=0.1", 2)
-    with torch.no_grad():
-        for p, saved in zip(resumed.parameters(), saved_params):
-            p.to_local().copy_(saved)
-    state2.load_state_dict(saved_state)
-    train(resumed, opt2, 10, 10)
-    resumed_equal = all(torch.equal(a, b) for a, b in zip(local(first), local(resumed)))
+    resumed_equal = resumes_bit_for_bit(world, rank, "stc:density=0.1", device="cuda")
     return exact_losses, stc_losses, calls, resumed_equal
 
 
