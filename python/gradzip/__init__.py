@@ -2,7 +2,8 @@
 
 ``import gradzip`` registers the torch.distributed backend ``"gradzip"`` (devices cpu
 and cuda). Its ``all_reduce`` runs the configured aggregation; every other collective
-is forwarded, exactly, to Gloo or MPI (CPU tensors; gradzip.mpi) or NCCL (CUDA tensors). The same
+is forwarded, exactly, to Gloo or MPI (CPU tensors; gradzip.mpi) or NCCL (CUDA tensors; where
+ranks share a GPU, Gloo or MPI through pinned host memory: gradzip.cuda_transport). The same
 aggregations serve a DDP comm hook (gradzip.hooks), whole models (gradzip.Aggregation,
 also for decentralized gossip over a gradzip.Topology) and code that moves bytes itself
 (gradzip.codec).
