@@ -66,8 +66,8 @@ while [ $# -gt 0 ]; do
 done
 for stage in ${stages//,/ }; do
   case "$stage" in
-    build|test|cputest|sanitize|kernels|allreduce) ;;
-    *) echo "gpu.sh: unknown stage '$stage' (build, test, cputest, sanitize, kernels, allreduce)"; exit 2 ;;
+    build|test|cputest|sanitize|kernels|allreduce|train) ;;
+    *) echo "gpu.sh: unknown stage '$stage' (build, test, cputest, sanitize, kernels, allreduce, train)"; exit 2 ;;
   esac
 done
 if [ -n "$deadline" ] && ! [[ "$deadline" =~ ^[0-9]+$ ]]; then
