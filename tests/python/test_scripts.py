@@ -227,6 +227,23 @@ def test_train_benchmark_quick(tmp_path):
     assert (tmp_path / "train.png").stat().st_size > 10_000
 
 
+def test_train_benchmarks_resnet_and_its_gpu_refusal():
+    # The GPU run's model (benchmarks/gpu.sh's train stage): ResNet-18 for 28x28 images.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import train
+    import torch
+    model = train.ResNet18()
+    assert sum(p.numel() for p in model.parameters()) == 11_172_810
+    out = model(torch.randn(2, 1, 28, 28))
+    assert out.shape == (2, 10)
+    out.sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+    if not torch.cuda.is_available():
+        done = subprocess.run([sys.executable, str(ROOT / "benchmarks/train.py"), "--device", "cuda"],
+                              capture_output=True, text=True, timeout=120, cwd=ROOT)
+        assert done.returncode == 2 and "--device cuda: no GPU is visible here" in done.stderr, done.stderr
+
+
 def test_decentralized_example_learns(tmp_path):
     out = run_script("examples/train_decentralized.py", "--epochs", "1", "--max-steps", "40",
                      "--spec", "choco:topology=ring,compress=sign,block=64,gamma=0.5", workdir=tmp_path)
