@@ -33,9 +33,10 @@ GPU: docs/cuda.md; PyTorch's hooks and dense DDP run over such an exact gradzip 
   METHOD@LR         any of these at its own learning rate (default: --lr)
 Per epoch: test accuracy, training wall time (evaluation excluded), and bytes sent per
 rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
-gradzip group). Before the methods, the compute-only step time (forward, backward and
-step without DDP, the slowest rank's) is measured: a method's step time over it shows
-how much communication it leaves unhidden. Rank 0 shows a progress bar, prints a table,
+gradzip group). Before the methods and again after them, the compute-only step time
+(forward, backward and step without DDP, the slowest rank's) is measured, and the mean
+of the two prices the ideal (a machine whose speed drifts during a run moves both): a
+method's step time over it shows how much communication it leaves unhidden. Rank 0 shows a progress bar, prints a table,
 writes JSON and two plots (accuracy against bytes, accuracy against time). The table
 says where the ranks ran: one per core (a real node's picture) or several per core
 (every pass a codec makes then adds to the step). DDP keeps the gradients as views of its
@@ -243,14 +244,14 @@ def synchronized(device):
 
 def compute_only(args, data, rank, device):
     """Seconds per step of forward, backward and step without DDP (the slowest rank's,
-    median of 10 steps after 2 of warm-up), every rank computing at once."""
+    median of 20 steps after 2 of warm-up), every rank computing at once."""
     train_x, train_y = data[0], data[1]
     torch.manual_seed(args.seeds[0])
     model = MODELS[args.model]().to(device)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
-    for step in range(12):
-        batch = torch.arange(step * args.batch_size, (step + 1) * args.batch_size) + rank * 12 * args.batch_size
+    for step in range(22):
+        batch = torch.arange(step * args.batch_size, (step + 1) * args.batch_size) + rank * 22 * args.batch_size
         dist.barrier()
         start = time.perf_counter()
         loss = F.cross_entropy(model(train_x[batch]), train_y[batch])
@@ -523,6 +524,11 @@ def main():
                     print(f"  seed {seed} target: {name}'s final accuracy (mean of its last {args.target_window} "
                           f"evaluations) less {below_first:g}: {target:.2%}", flush=True)
         targets[seed] = target
+    before, after = compute, compute_only(args, data, rank, device)
+    compute = (before + after) / 2
+    if rank == 0:
+        print(f"compute-only step again after the methods: {after * 1e3:.1f} ms (before them {before * 1e3:.1f} ms); "
+              f"their mean prices the ideal: {compute * 1e3:.1f} ms", flush=True)
 
     if rank == 0:
         if shaped is not None:
@@ -547,7 +553,8 @@ def main():
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"world_size": world, "cores": cores, "placement": placement, "model": args.model,
-                "compute_only_step_seconds": compute, "targets": targets, "epochs": args.epochs,
+                "compute_only_step_seconds": compute, "compute_only_step_seconds_before_after": [before, after],
+                "targets": targets, "epochs": args.epochs,
                 "batch_size": args.batch_size, "lr": args.lr, "lr_schedule": args.lr_schedule,
                 "target_window": args.target_window, "lrs": {name: Method.lr_of(name, args.lr) for name in methods},
                 "seeds": args.seeds, "max_steps": args.max_steps, "network": network, "step_times_from": args.step_times,
@@ -557,8 +564,8 @@ def main():
              "results": {name: {seed: runs[seed][name] for seed in runs} for name in methods}}, indent=2))
         plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
                                             f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")
-        print(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if out.with_suffix(".png").exists()
-                                                     else ""))
+        drawn = out.with_suffix(".png")
+        print(f"wrote {out.with_suffix('.json')}" + (f" and {drawn}" if drawn.exists() else ""))
     dist.destroy_process_group()
 
 
