@@ -407,12 +407,12 @@ def print_table(runs, summary, step_times, compute, targets, methods, title):
 
 def plot(runs, path, title):
     """Accuracy against bytes and against time, every seed (one colour per method); none
-    where matplotlib is missing (the lent GPU machines' Python)."""
+    where matplotlib is missing (the lent GPU machines' Python). Whether it drew them."""
     try:
         import matplotlib
     except ImportError:
         print(f"no matplotlib here: {path} not drawn")
-        return
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
@@ -434,6 +434,7 @@ def plot(runs, path, title):
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return True
 
 
 def main():
@@ -562,10 +563,9 @@ def main():
         out.with_suffix(".json").write_text(json.dumps(
             {**meta, "summary": summary, "step_seconds": step_times,
              "results": {name: {seed: runs[seed][name] for seed in runs} for name in methods}}, indent=2))
-        plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
-                                            f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")
-        drawn = out.with_suffix(".png")
-        print(f"wrote {out.with_suffix('.json')}" + (f" and {drawn}" if drawn.exists() else ""))
+        drawn = plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
+                                                    f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")
+        print(f"wrote {out.with_suffix('.json')}" + (f" and {out.with_suffix('.png')}" if drawn else ""))
     dist.destroy_process_group()
 
 
