@@ -10,6 +10,8 @@ ddp           DDP over gradzip-on-MPI bitwise equal to DDP over Gloo (two ranks)
 compressed    compressed aggregations (both exchanges), gossip and CHOCO over MPI: bitwise
               equal to the same over Gloo
 hierarchical  the hierarchical exchange over MPI sub-communicators: Gloo's bits
+staged        the host staging of GPU tensors (here CPU ones) over the MPI transport: the
+              MPI transport's own bits, p2p included
 no_store      gradzip.init_process_group() under mpirun with no MASTER_ADDR: MPI, no store
 adopted       MPI initialized before gradzip (as mpi4py does): adopted, and left for its
               owner to finalize
@@ -312,6 +314,37 @@ def compressed():
                 agg(x)
             models.append(x)
         same_bits(models[0], models[1], f"{spec} over MPI and over Gloo")
+    dist.destroy_process_group()
+    return rank
+
+
+def staged():
+    """HostStagedBackend over the MPI transport (what carries a group's CUDA tensors under
+    mpirun where its ranks share a GPU), on CPU tensors: the MPI transport's own results."""
+    rank, size = init()
+    transport = dist.group.WORLD._get_backend(torch.device("cpu")).transport("cpu")
+    staged_transport = gradzip._C.HostStagedBackend(transport)
+    for backend_name, backend in (("mpi", transport), ("staged", staged_transport)):
+        x = sample(rank, torch.float32, 1001, exact=False)
+        backend.allreduce([x]).wait()
+        gathered = [torch.empty(7) for _ in range(size)]
+        backend.allgather([gathered], [sample(rank, torch.float32, 7, exact=False, seed=1)]).wait()
+        b = sample(rank, torch.float64, 33, exact=False, seed=2)
+        backend.broadcast([b], dist.BroadcastOptions()).wait()
+        received = torch.empty(size * 3)
+        backend.alltoall_base(received, sample(rank, torch.float32, size * 3, exact=False, seed=3), [], [],
+                              dist.AllToAllOptions()).wait()
+        ring = torch.empty(5)
+        works = [backend.recv([ring], (rank - 1) % size, 4),
+                 backend.send([sample(rank, torch.float32, 5, exact=False, seed=4)], (rank + 1) % size, 4)]
+        for work in reversed(works):
+            work.wait()
+        if backend_name == "mpi":
+            want = (x, torch.cat(gathered), b, received, ring)
+        else:
+            for got, expected, what in zip((x, torch.cat(gathered), b, received, ring), want,
+                                           ("all_reduce", "all_gather", "broadcast", "all_to_all", "ring p2p")):
+                same_bits(got, expected, f"{what} staged over MPI")
     dist.destroy_process_group()
     return rank
 

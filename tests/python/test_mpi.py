@@ -82,6 +82,12 @@ def test_compressed_aggregations_gossip_and_choco_run_over_mpi_unchanged():
 
 
 @needs_mpi
+def test_host_staging_over_mpi_gives_the_mpi_transports_bits():
+    status, output, _ = mpirun("staged", 3)
+    assert status == 0 and passed_ranks(output) == {0, 1, 2}, output
+
+
+@needs_mpi
 def test_the_hierarchical_exchange_runs_over_mpi_sub_communicators():
     status, output, _ = mpirun("hierarchical", 4, env={"GRADZIP_NODE_SIZE": "2"})
     assert status == 0 and passed_ranks(output) == {0, 1, 2, 3}, output
