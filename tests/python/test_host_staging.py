@@ -124,6 +124,29 @@ def test_the_choice_follows_bound_gpus_then_counts():
     assert decide([entry("a", "-", "g0"), "auto"])[0] == "nccl"  # a rank without CUDA takes no part
 
 
+def test_a_rank_describes_its_node_bound_gpu_and_the_gpus_it_sees(monkeypatch):
+    from types import SimpleNamespace
+
+    from gradzip import cuda_transport
+    uuids = {0: "GPU-aaaa", 1: "GPU-bbbb"}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuids[i]))
+    monkeypatch.setattr(cuda_transport.dist, "is_nccl_available", lambda: True)
+    monkeypatch.setattr(cuda_transport, "node_identity", lambda: "host-a/0")
+    asked, node, bound, visible = cuda_transport.describe_rank("auto", None).split("|")
+    assert (asked, node, bound) == ("auto", "host-a/0", "-")
+    assert visible == ",".join(sorted(cuda_transport._gpu_id(i) for i in (0, 1)))
+    assert cuda_transport._gpu_id(0) != cuda_transport._gpu_id(1) and len(cuda_transport._gpu_id(0)) == 12
+    on_one = cuda_transport.describe_rank("auto", torch.device("cuda", 0)).split("|")[2]
+    assert on_one == cuda_transport._gpu_id(0)
+    assert cuda_transport.describe_rank("auto", torch.device("cuda")).split("|")[2] == cuda_transport._gpu_id(1)
+    assert cuda_transport.describe_rank("host", None) == "host"  # nothing to decide: no GPU read
+    monkeypatch.setattr(cuda_transport.dist, "is_nccl_available", lambda: False)
+    assert cuda_transport.describe_rank("auto", None) == "auto"
+
+
 def test_an_explicit_choice_wins_and_without_nccl_auto_is_host():
     from gradzip.cuda_transport import choose, requested
 
