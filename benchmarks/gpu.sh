@@ -227,7 +227,8 @@ fi
 
 # Time to accuracy on the GPU: 4 ranks sharing the GPUs (over Gloo through host memory
 # where they share one), ResNet-18 on Fashion-MNIST, dense DDP against PyTorch's fp16 and
-# PowerSGD hooks and gradzip's codecs, on loopback. The data: $FASHION_MNIST_DIR, else
+# PowerSGD hooks and gradzip's codecs, on loopback, and on links shaped to 10 and 1 Gbit/s
+# where network namespaces can be made (the step says whether they can). The data: $FASHION_MNIST_DIR, else
 # Debian's dataset-fashion-mnist (from --debs, which scripts/gpu_debs.sh fills, or
 # installed); without it the step is not run.
 if wanted train; then
@@ -236,9 +237,24 @@ if wanted train; then
   data=${FASHION_MNIST_DIR:-$data}
   if [ -f "$data/train-images-idx3-ubyte.gz" ]; then
     size=(--epochs 3 --max-steps 40); [ ${#quick[@]} -gt 0 ] && size=(--epochs 1 --max-steps 10)
-    step "benchmarks/train.py --device cuda, 4 ranks" env FASHION_MNIST_DIR="$data" \
-      "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node 4 benchmarks/train.py --device cuda \
-      --model resnet --methods gpu "${size[@]}" --target dense-0.01 --stop-at-target --out "$out/train_gpu"
+    run=(benchmarks/train.py --device cuda --model resnet --methods gpu "${size[@]}" --target dense-0.01 --stop-at-target)
+    step "benchmarks/train.py --device cuda, 4 ranks, loopback" env FASHION_MNIST_DIR="$data" \
+      "$(dirname "$PYTHON")/torchrun" --standalone --nproc-per-node 4 "${run[@]}" --out "$out/train_gpu"
+    # Shaped links where this machine lets a script make network namespaces (root and
+    # iproute2); the full run only (--quick stops at loopback), 10 then 1 Gbit/s.
+    probe=gz-probe-$$
+    if ip netns add "$probe" 2>/dev/null && ip netns delete "$probe" 2>/dev/null; then
+      echo "gpu.sh: network namespaces work here: shaped time-to-accuracy runs are possible (benchmarks/netns.sh)"
+      if [ ${#quick[@]} = 0 ]; then
+        for rate in 10gbit 1gbit; do
+          step "benchmarks/train.py --device cuda, 4 ranks, $rate (netns.sh)" env FASHION_MNIST_DIR="$data" \
+            benchmarks/netns.sh --ranks 4 --rate "$rate" -- "$PYTHON" "${run[@]}" --out "$out/train_gpu_$rate"
+        done
+      fi
+    else
+      echo "gpu.sh: no network namespaces here (ip netns add failed: not root, or no iproute2): the" \
+        "time-to-accuracy run is on loopback only"
+    fi
   else
     echo "=== gpu.sh: benchmarks/train.py: NOT RUN (no Fashion-MNIST at $data: set FASHION_MNIST_DIR)"
     not_run+=("benchmarks/train.py --device cuda")
