@@ -22,6 +22,16 @@ SPECS = ["allreduce", "stc:density=0.01,exchange=oneshot", "stc:density=0.01,exc
          "fp16:exchange=twophase,rounds=4", "gossip:topology=ring", "choco:topology=ring,compress=sign,gamma=0.5"]
 
 
+def _init_world(rank, world, port):
+    """The default (Gloo) group with the groups' timeout for its collectives, over a store
+    that waits a minute for the ranks to join: on two busy cores a rank's start can take
+    longer than the 5 s under test, which are for the fault, not for the set-up."""
+    import torch.distributed as dist
+    store = dist.TCPStore("127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=TIMEOUT))
+
+
 def _keep_busy(group):
     """All-reduces 2M elements on `group` until the group fails (once a peer is gone) or
     the process ends."""
@@ -44,7 +54,7 @@ def _rank(rank, port, spec, fault, results, load=False, env=None, world=WORLD):
     import gradzip
     timeout = datetime.timedelta(seconds=TIMEOUT)
     try:
-        dist.init_process_group("gloo", timeout=timeout)
+        _init_world(rank, world, port)
         group = dist.new_group(backend="gradzip", pg_options=gradzip.Options(aggregation=spec), timeout=timeout)
         x = torch.randn(100_000)
         for _ in range(2):
@@ -150,7 +160,7 @@ def _saving_rank(rank, port, fault, results):
 
     import gradzip
     try:
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=TIMEOUT))
+        _init_world(rank, WORLD, port)
         aggregation = gradzip.Aggregation("topk:density=0.05")
         for _ in range(2):
             aggregation([torch.randn(10_000)])
