@@ -4,6 +4,7 @@
 #include <utility>
 
 #include <ATen/ATen.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 namespace gradzip {
@@ -15,6 +16,14 @@ at::Tensor host_twin(const at::Tensor& t) {
   TORCH_CHECK(t.layout() == at::kStrided, "gradzip host staging: a tensor of layout ", t.layout(),
               " cannot travel through host buffers; only dense tensors do");
   return at::empty(t.sizes(), at::TensorOptions().dtype(t.scalar_type()).device(at::kCPU).pinned_memory(t.is_cuda()));
+}
+
+// Waits for what is queued on the calling thread's current stream of each accelerator
+// device among `tensors`' devices (nothing for host tensors).
+void synchronize_current_streams(const std::vector<at::Tensor>& tensors) {
+  for (const auto& t : tensors) {
+    if (!t.is_cpu()) c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device()).synchronize();
+  }
 }
 
 // The host call's Work, and the caller's outputs its host buffers are copied back into.
@@ -55,9 +64,12 @@ class StagedWork final : public c10d::Work {
   }
 
  private:
+  // Once, and complete on the device before it returns (a strided target's copy ends in
+  // a kernel), so that any stream the caller then uses reads the result.
   void copy_back() {
     std::call_once(copied_, [this] {
       for (auto& [host, target] : outputs_) target.copy_(host);
+      synchronize_current_streams(targets());
     });
   }
   std::vector<at::Tensor> targets() const {
@@ -104,6 +116,12 @@ class Staging {
     for (const auto& list : lists) host.push_back(each(list, stage));
     return host;
   }
+  bool reads_nothing() const { return inputs_.empty(); }
+  void synchronize_targets() const {
+    std::vector<at::Tensor> targets;
+    for (const auto& output : outputs_) targets.push_back(output.second);
+    synchronize_current_streams(targets);
+  }
   c10::intrusive_ptr<c10d::Work> work(c10::intrusive_ptr<c10d::Work> host) {
     return c10::make_intrusive<StagedWork>(std::move(host), std::move(inputs_), std::move(outputs_));
   }
@@ -114,11 +132,15 @@ class Staging {
 };
 
 // `call(host outputs, host inputs)` on host copies of `inputs`, `outputs` copied back.
+// Work queued on the caller's stream before the call (a fill of an output, say) is done
+// before the call starts: copying an input waits for it, and a call without inputs (a
+// receive) waits for it here.
 template <typename Outputs, typename Inputs, typename Call>
 c10::intrusive_ptr<c10d::Work> staged(const Outputs& outputs, const Inputs& inputs, Call call) {
   Staging s;
   auto host_in = s.each(inputs, &Staging::in);
   auto host_out = s.each(outputs, &Staging::out);
+  if (s.reads_nothing()) s.synchronize_targets();
   return s.work(call(host_out, host_in));
 }
 
@@ -137,14 +159,36 @@ HostStagedBackend::HostStagedBackend(c10::intrusive_ptr<c10d::Backend> host)
   TORCH_CHECK(host_, "gradzip host staging: needs a host transport");
 }
 
+void HostStagedBackend::settle() {
+  std::vector<c10::intrusive_ptr<c10d::Work>> earlier;
+  {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    earlier.swap(unsettled_);
+  }
+  for (const auto& work : earlier) {
+    try {
+      work->wait(kNoTimeout);
+    } catch (const std::exception&) {  // its own wait() raises it to whoever waits for it
+    }
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> HostStagedBackend::in_order(c10::intrusive_ptr<c10d::Work> work) {
+  const std::lock_guard<std::mutex> lock(mutex_);
+  unsettled_.push_back(work);
+  return work;
+}
+
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                             const c10d::BroadcastOptions& opts) {
-  return staged_in_place(tensors, [&](auto& host) { return host_->broadcast(host, opts); });
+  settle();
+  return in_order(staged_in_place(tensors, [&](auto& host) { return host_->broadcast(host, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce(std::vector<at::Tensor>& tensors,
                                                             const c10d::AllreduceOptions& opts) {
-  return staged_in_place(tensors, [&](auto& host) { return host_->allreduce(host, opts); });
+  settle();
+  return in_order(staged_in_place(tensors, [&](auto& host) { return host_->allreduce(host, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_sparse(std::vector<at::Tensor>& /*tensors*/,
@@ -155,79 +199,92 @@ c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_sparse(std::vector<a
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                       const c10d::AllreduceCoalescedOptions& opts) {
-  return staged_in_place(tensors, [&](auto& host) { return host_->allreduce_coalesced(host, opts); });
+  settle();
+  return in_order(staged_in_place(tensors, [&](auto& host) { return host_->allreduce_coalesced(host, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce(std::vector<at::Tensor>& tensors,
                                                          const c10d::ReduceOptions& opts) {
-  return staged_in_place(tensors, [&](auto& host) { return host_->reduce(host, opts); });
+  settle();
+  return in_order(staged_in_place(tensors, [&](auto& host) { return host_->reduce(host, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                                             std::vector<at::Tensor>& inputs,
                                                             const c10d::AllgatherOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                                   const c10d::AllgatherOptions& opts) {
-  return staged(output, input, [&](auto& out, auto& in) { return host_->_allgather_base(out, in, opts); });
+  settle();
+  return in_order(staged(output, input, [&](auto& out, auto& in) { return host_->_allgather_base(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                       std::vector<at::Tensor>& inputs,
                                                                       const c10d::AllgatherOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather_coalesced(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->allgather_coalesced(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::allgather_into_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  return staged(outputs, inputs,
-                [&](auto& out, auto& in) { return host_->allgather_into_tensor_coalesced(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs,
+                [&](auto& out, auto& in) { return host_->allgather_into_tensor_coalesced(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                          std::vector<at::Tensor>& inputs,
                                                          const c10d::GatherOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->gather(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->gather(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::scatter(std::vector<at::Tensor>& outputs,
                                                           std::vector<std::vector<at::Tensor>>& inputs,
                                                           const c10d::ScatterOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->scatter(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->scatter(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                                  std::vector<std::vector<at::Tensor>>& inputs,
                                                                  const c10d::ReduceScatterOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->reduce_scatter(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->reduce_scatter(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                                                        const c10d::ReduceScatterOptions& opts) {
-  return staged(output, input, [&](auto& out, auto& in) { return host_->_reduce_scatter_base(out, in, opts); });
+  settle();
+  return in_order(staged(output, input, [&](auto& out, auto& in) { return host_->_reduce_scatter_base(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::reduce_scatter_tensor_coalesced(
     std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
-  return staged(outputs, inputs,
-                [&](auto& out, auto& in) { return host_->reduce_scatter_tensor_coalesced(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs,
+                [&](auto& out, auto& in) { return host_->reduce_scatter_tensor_coalesced(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
                                                                 std::vector<int64_t>& output_split_sizes,
                                                                 std::vector<int64_t>& input_split_sizes,
                                                                 const c10d::AllToAllOptions& opts) {
-  return staged(output, input, [&](auto& out, auto& in) {
+  settle();
+  return in_order(staged(output, input, [&](auto& out, auto& in) {
     return host_->alltoall_base(out, in, output_split_sizes, input_split_sizes, opts);
-  });
+  }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::alltoall(std::vector<at::Tensor>& outputs,
                                                            std::vector<at::Tensor>& inputs,
                                                            const c10d::AllToAllOptions& opts) {
-  return staged(outputs, inputs, [&](auto& out, auto& in) { return host_->alltoall(out, in, opts); });
+  settle();
+  return in_order(staged(outputs, inputs, [&](auto& out, auto& in) { return host_->alltoall(out, in, opts); }));
 }
 
 c10::intrusive_ptr<c10d::Work> HostStagedBackend::send(std::vector<at::Tensor>& tensors, int dst_rank, int tag) {

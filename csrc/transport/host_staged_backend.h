@@ -15,6 +15,13 @@
 // back once, and never after a failed host call. Results are the host transport's, bit
 // for bit: it reduces the same values.
 //
+// Collectives are ordered as on one stream: a collective first waits for the earlier
+// ones to complete and be copied back, so that one issued with async_op=True and not yet
+// waited for still gives its result to a later collective that reads it (NCCL orders them
+// on its stream). Every rank issues a group's collectives in one order, so this cannot
+// deadlock. Send and receive are not ordered so (a receive posted before a send on
+// both ranks would deadlock): a receive's result is in its tensor once waited for.
+//
 // Any tensor is staged, CPU tensors included (tests check the staging with them; a
 // gradzip group hands this transport only its CUDA tensors). Sparse all-reduce is
 // refused. The host transport's rank, size and timeout are this backend's; it stays
@@ -22,6 +29,7 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -86,7 +94,14 @@ class HostStagedBackend final : public c10d::Backend {
   }
 
  private:
+  // Waits for the collectives issued before (their errors stay theirs to raise).
+  void settle();
+  // Records a collective's Work for the next one's settle() and returns it.
+  c10::intrusive_ptr<c10d::Work> in_order(c10::intrusive_ptr<c10d::Work> work);
+
   c10::intrusive_ptr<c10d::Backend> host_;
+  std::mutex mutex_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> unsettled_;
 };
 
 }  // namespace gradzip

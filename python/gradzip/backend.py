@@ -61,8 +61,7 @@ def _create_backend(dist_opts, backend_options):
     if invalid is not None:
         raise invalid
     cuda = None
-    if torch.cuda.is_available() and cuda_transport.choose(cuda_asked, [texts[1] for texts in said], rank,
-                                                           dist.is_nccl_available()) == "host":
+    if torch.cuda.is_available() and cuda_transport.choose(cuda_asked, [texts[1] for texts in said], rank) == "host":
         cuda = _C.HostStagedBackend(cpu)
     elif torch.cuda.is_available():
         if over_mpi:

@@ -45,13 +45,22 @@ def _gpu_id(index: int) -> str:
 
 def describe_rank(asked: str, bound) -> str:
     """This rank's entry in the group's all-gather: what it asked for (requested(), or why
-    that failed), then, where "auto" has a choice to make (CUDA and NCCL available), its
-    node, the GPU it is bound to (or -) and the GPUs it sees."""
-    if asked != "auto" or not torch.cuda.is_available() or not dist.is_nccl_available():
-        return asked.replace("|", "/")  # nothing to decide: no GPU properties read (they initialize CUDA)
-    visible = sorted({_gpu_id(i) for i in range(torch.cuda.device_count())})
-    bound_id = _gpu_id(bound.index if bound.index is not None else torch.cuda.current_device()) if bound else "-"
-    return "|".join([asked.replace("|", "/"), node_identity(), bound_id, ",".join(visible)])
+    that failed); where CUDA is available, whether torch has NCCL (1 or 0); and where
+    "auto" has a choice to make, its node, the GPU it is bound to (or -) and the GPUs it
+    sees. A rank whose GPUs cannot be read sends why, as what it asked for: the others
+    then fail with it instead of waiting."""
+    asked = asked.replace("|", "/")
+    if not torch.cuda.is_available():
+        return asked
+    nccl = "1" if dist.is_nccl_available() else "0"
+    if asked != "auto" or nccl == "0":
+        return f"{asked}|{nccl}"  # nothing to decide: no GPU properties read (they initialize CUDA)
+    try:
+        visible = sorted({_gpu_id(i) for i in range(torch.cuda.device_count())})
+        bound_id = _gpu_id(bound.index if bound.index is not None else torch.cuda.current_device()) if bound else "-"
+        return "|".join([asked, nccl, node_identity(), bound_id, ",".join(visible)])
+    except Exception as error:  # noqa: B902 - whatever it is, every rank must hear of it
+        return f"its GPUs could not be read ({error})".replace("|", "/")
 
 
 def require_one_request(entries: list[str]) -> None:
@@ -68,9 +77,9 @@ def require_one_request(entries: list[str]) -> None:
 
 
 def decide(entries: list[str]) -> tuple[str, str]:
-    """("nccl" or "host", why) from every rank's describe_rank() (ranks without CUDA take
-    no part)."""
-    parsed = [(rank, *fields[1:]) for rank, fields in enumerate(e.split("|") for e in entries) if len(fields) == 4]
+    """("nccl" or "host", why) from every rank's describe_rank() under "auto" with NCCL
+    everywhere (ranks without CUDA take no part)."""
+    parsed = [(rank, *fields[2:]) for rank, fields in enumerate(e.split("|") for e in entries) if len(fields) == 5]
     if all(bound != "-" for _, _, bound, _ in parsed):
         owners: dict = {}
         for rank, node, bound, _ in parsed:
@@ -91,16 +100,21 @@ def decide(entries: list[str]) -> tuple[str, str]:
     return "nccl", "no node holds more ranks than the GPUs its ranks see"
 
 
-def choose(asked: str, entries: list[str], rank: int, nccl_available: bool) -> str:
+def choose(asked: str, entries: list[str], rank: int) -> str:
     """"nccl" or "host" for this rank (CUDA available) of a group being made: `asked`
     (requested(), the same on every rank), or with "auto" decide() over every rank's
-    describe_rank(). Rank 0 logs the choice."""
-    if asked == "nccl" and not nccl_available:
-        raise ValueError("gradzip: cuda_transport 'nccl' was asked for, but this torch has no NCCL")
+    describe_rank(); the same on every rank, from the same entries. Rank 0 logs it."""
+    unread = [entry for entry in entries if entry.split("|")[0] != asked]
+    if unread:  # every rank failed alike (require_one_request raised where they differ)
+        raise ValueError(f"gradzip: the CUDA transport cannot be chosen: {unread[0]}")
+    without_nccl = [r for r, entry in enumerate(entries) if entry.split("|")[1:2] == ["0"]]
+    lacking = f"the torch of rank{'s' * (len(without_nccl) > 1)} {', '.join(map(str, without_nccl))} has no NCCL"
+    if asked == "nccl" and without_nccl:
+        raise ValueError(f"gradzip: cuda_transport 'nccl' was asked for, but {lacking}")
     if asked != "auto":
         choice, why = asked, "asked for"
-    elif not nccl_available:
-        choice, why = "host", "this torch has no NCCL"
+    elif without_nccl:
+        choice, why = "host", lacking
     else:
         choice, why = decide(entries)
     if rank == 0:

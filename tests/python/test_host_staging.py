@@ -80,6 +80,26 @@ def test_every_point_to_point_pattern_in_every_order_completes_as_on_gloo(world)
     assert run_ranks(p2p_as_gloo, world) == [len(p2p_patterns.PATTERNS) * 3 * 12] * world
 
 
+def chained(rank, world):
+    """Collectives issued with async_op=True, each reading what the one before wrote,
+    waited for only at the end (NCCL's stream orders them): each sees the one before."""
+    dist.init_process_group("gloo")
+    staged = staged_group()
+    x = torch.full((1000,), float(rank + 1))
+    works = [dist.broadcast(x, src=world - 1, group=staged, async_op=True)]
+    gathered = torch.empty(world * 1000)
+    works.append(dist.all_gather_into_tensor(gathered, x, group=staged, async_op=True))
+    works.append(dist.all_reduce(gathered, group=staged, async_op=True))
+    for work in reversed(works):
+        work.wait()
+    return torch.equal(x, torch.full((1000,), float(world))) and torch.equal(gathered, torch.full((world * 1000,),
+                                                                                              float(world * world)))
+
+
+def test_async_collectives_see_the_results_of_those_issued_before():
+    assert run_ranks(chained, 3) == [True] * 3
+
+
 def failed_call(rank, world):
     """Rank 0 all-reduces alone: the host call times out; wait raises, the tensor is untouched."""
     dist.init_process_group("gloo")
@@ -110,7 +130,7 @@ def test_the_choice_follows_bound_gpus_then_counts():
     from gradzip.cuda_transport import decide
 
     def entry(node, bound, *visible):
-        return "|".join(["auto", node, bound, ",".join(visible)])
+        return "|".join(["auto", "1", node, bound, ",".join(visible)])
 
     assert decide([entry("a", "g0", "g0", "g1"), entry("a", "g1", "g0", "g1")])[0] == "nccl"
     choice, why = decide([entry("a", "g0", "g0", "g1"), entry("a", "g0", "g0", "g1")])
@@ -137,28 +157,38 @@ def test_a_rank_describes_its_node_bound_gpu_and_the_gpus_it_sees(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(uuid=uuids[i]))
     monkeypatch.setattr(cuda_transport.dist, "is_nccl_available", lambda: True)
     monkeypatch.setattr(cuda_transport, "node_identity", lambda: "host-a/0")
-    asked, node, bound, visible = cuda_transport.describe_rank("auto", None).split("|")
-    assert (asked, node, bound) == ("auto", "host-a/0", "-")
+    asked, nccl, node, bound, visible = cuda_transport.describe_rank("auto", None).split("|")
+    assert (asked, nccl, node, bound) == ("auto", "1", "host-a/0", "-")
     assert visible == ",".join(sorted(cuda_transport._gpu_id(i) for i in (0, 1)))
     assert cuda_transport._gpu_id(0) != cuda_transport._gpu_id(1) and len(cuda_transport._gpu_id(0)) == 12
-    on_one = cuda_transport.describe_rank("auto", torch.device("cuda", 0)).split("|")[2]
+    on_one = cuda_transport.describe_rank("auto", torch.device("cuda", 0)).split("|")[3]
     assert on_one == cuda_transport._gpu_id(0)
-    assert cuda_transport.describe_rank("auto", torch.device("cuda")).split("|")[2] == cuda_transport._gpu_id(1)
-    assert cuda_transport.describe_rank("host", None) == "host"  # nothing to decide: no GPU read
+    assert cuda_transport.describe_rank("auto", torch.device("cuda")).split("|")[3] == cuda_transport._gpu_id(1)
+    assert cuda_transport.describe_rank("host", None) == "host|1"  # nothing to decide: no GPU read
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: 1 / 0)
+    said = cuda_transport.describe_rank("auto", None)  # sent to the others, who then fail with it
+    assert said.startswith("its GPUs could not be read (") and "division by zero" in said
+    with pytest.raises(ValueError, match="its GPUs could not be read"):
+        cuda_transport.require_one_request(["auto|1|a|-|g0", said])
+    with pytest.raises(ValueError, match="cannot be chosen: its GPUs could not be read"):
+        cuda_transport.choose("auto", [said, said], 0)
     monkeypatch.setattr(cuda_transport.dist, "is_nccl_available", lambda: False)
-    assert cuda_transport.describe_rank("auto", None) == "auto"
+    assert cuda_transport.describe_rank("auto", None) == "auto|0"
 
 
 def test_an_explicit_choice_wins_and_without_nccl_auto_is_host():
     from gradzip.cuda_transport import choose, requested
 
-    shared = ["|".join(["auto", "a", "-", "g0"])] * 2
-    assert choose("auto", shared, 0, nccl_available=True) == "host"
-    assert choose("nccl", shared, 0, nccl_available=True) == "nccl"
-    assert choose("host", ["auto|a|-|g0,g1"] * 2, 1, nccl_available=True) == "host"
-    assert choose("auto", ["auto|a|-|g0,g1"] * 2, 1, nccl_available=False) == "host"
-    with pytest.raises(ValueError, match="no NCCL"):
-        choose("nccl", shared, 0, nccl_available=False)
+    shared = ["auto|1|a|-|g0"] * 2
+    assert choose("auto", shared, 0) == "host"
+    assert choose("nccl", ["nccl|1"] * 2, 0) == "nccl"
+    assert choose("host", ["host|1"] * 2, 1) == "host"
+    assert choose("auto", ["auto|1|a|-|g0,g1"] * 2, 1) == "nccl"
+    # One rank's torch without NCCL: every rank takes the host, or refuses "nccl" alike.
+    assert choose("auto", ["auto|1|a|-|g0,g1", "auto|0"], 0) == "host"
+    assert choose("auto", ["auto|1|a|-|g0,g1", "auto|0"], 1) == "host"
+    with pytest.raises(ValueError, match="the torch of rank 1 has no NCCL"):
+        choose("nccl", ["nccl|1", "nccl|0"], 0)
     assert requested(None) == "auto" and requested(" HOST ") == "host"
     with pytest.raises(ValueError, match="must be one of auto, nccl, host, not 'gloo'"):
         requested("gloo")
