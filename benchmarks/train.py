@@ -36,7 +36,10 @@ rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an 
 gradzip group). Before the methods and again after them, the compute-only step time
 (forward, backward and step without DDP, the slowest rank's) is measured, and the mean
 of the two prices the ideal (a machine whose speed drifts during a run moves both): a
-method's step time over it shows how much communication it leaves unhidden. Rank 0 shows a progress bar, prints a table,
+method's step time over it shows how much communication it leaves unhidden. Beside it,
+the same step under DDP with a comm hook that communicates nothing: DDP's copies of each
+step's fresh gradients into its buckets and its hook calls, which no DDP comm hook's step
+can be under. Rank 0 shows a progress bar, prints a table,
 writes JSON and two plots (accuracy against bytes, accuracy against time). The table
 says where the ranks ran: one per core (a real node's picture) or several per core
 (every pass a codec makes then adds to the step). DDP keeps the gradients as views of its
@@ -242,12 +245,25 @@ def synchronized(device):
         torch.cuda.synchronize(device)
 
 
-def compute_only(args, data, rank, device):
-    """Seconds per step of forward, backward and step without DDP (the slowest rank's,
-    median of 20 steps after 2 of warm-up), every rank computing at once."""
+def no_communication(_, bucket):
+    """A DDP comm hook that returns each rank's own bucket: DDP's machinery without a network."""
+    future = torch.futures.Future()
+    future.set_result(bucket.buffer())
+    return future
+
+
+def compute_only(args, data, rank, device, ddp=False):
+    """Seconds per step of forward, backward and step (the slowest rank's, median of 20
+    steps after 2 of warm-up), every rank computing at once: without DDP, or (ddp) under
+    DDP as the methods run it, with a comm hook that communicates nothing (its copies of
+    the fresh gradients into the buckets and its hook calls: the least a DDP comm hook's
+    step can take)."""
     train_x, train_y = data[0], data[1]
     torch.manual_seed(args.seeds[0])
     model = MODELS[args.model]().to(device)
+    if ddp:
+        model = DDP(model, gradient_as_bucket_view=True, device_ids=[device.index] if device.type == "cuda" else None)
+        model.register_comm_hook(None, no_communication)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
     for step in range(22):
@@ -497,6 +513,7 @@ def main():
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)
     compute = compute_only(args, data, rank, device)
+    ddp_local = compute_only(args, data, rank, device, ddp=True)
     cores = os.cpu_count()
     placement = (f"{world} ranks, one per core" if world == cores else
                  f"{world} ranks on {cores} cores" if world > cores else f"{world} ranks, {cores} cores")
@@ -505,7 +522,8 @@ def main():
         placement = (f"{world} ranks on {min(gpus, world)} {torch.cuda.get_device_name(device)} GPU"
                      f"{'s' if min(gpus, world) > 1 else ''}, {cores} cores")
     if rank == 0:
-        print(f"compute-only step ({args.model}, {placement}): {compute * 1e3:.1f} ms", flush=True)
+        print(f"compute-only step ({args.model}, {placement}): {compute * 1e3:.1f} ms; under DDP with a hook that "
+              f"communicates nothing: {ddp_local * 1e3:.1f} ms", flush=True)
     shaped = json.loads(Path(args.step_times).read_text()) if args.step_times else None
     runs, targets = {}, {}
     for seed in args.seeds:
@@ -527,9 +545,13 @@ def main():
         targets[seed] = target
     before, after = compute, compute_only(args, data, rank, device)
     compute = (before + after) / 2
+    ddp_local_before_after = [ddp_local, compute_only(args, data, rank, device, ddp=True)]
+    ddp_local = sum(ddp_local_before_after) / 2
     if rank == 0:
         print(f"compute-only step again after the methods: {after * 1e3:.1f} ms (before them {before * 1e3:.1f} ms); "
-              f"their mean prices the ideal: {compute * 1e3:.1f} ms", flush=True)
+              f"their mean prices the ideal: {compute * 1e3:.1f} ms; under DDP without communication "
+              f"{ddp_local * 1e3:.1f} ms ({ddp_local / compute:.2f}x: no DDP comm hook's efficiency can be lower)",
+              flush=True)
 
     if rank == 0:
         if shaped is not None:
@@ -555,6 +577,8 @@ def main():
         out.parent.mkdir(parents=True, exist_ok=True)
         meta = {"world_size": world, "cores": cores, "placement": placement, "model": args.model,
                 "compute_only_step_seconds": compute, "compute_only_step_seconds_before_after": [before, after],
+                "ddp_without_communication_step_seconds": ddp_local,
+                "ddp_without_communication_step_seconds_before_after": ddp_local_before_after,
                 "targets": targets, "epochs": args.epochs,
                 "batch_size": args.batch_size, "lr": args.lr, "lr_schedule": args.lr_schedule,
                 "target_window": args.target_window, "lrs": {name: Method.lr_of(name, args.lr) for name in methods},

@@ -209,6 +209,11 @@ def test_train_benchmark_quick(tmp_path):
                                        "gossip:topology=ring", "backend:sign"], out
     compute = result["compute_only_step_seconds"]
     assert compute > 0 and result["placement"] in out
+    # DDP's own step, with a hook that communicates nothing: measured before and after the
+    # methods like the compute-only step, and reported beside it.
+    ddp_local = result["ddp_without_communication_step_seconds_before_after"]
+    assert len(ddp_local) == 2 and min(ddp_local) > 0 and "communicates nothing" in out
+    assert result["ddp_without_communication_step_seconds"] == pytest.approx(sum(ddp_local) / 2)
     for name, by_seed in result["results"].items():
         assert list(by_seed) == ["0", "1"], (name, out)
         for epochs in by_seed.values():
