@@ -30,6 +30,10 @@ GPU: docs/cuda.md; PyTorch's hooks and dense DDP run over such an exact gradzip 
                     no DDP: gradzip.Aggregation(spec)(model) after each step, and the
                     accuracy is that of the ranks' averaged model
   backend:<spec>    DDP over a gradzip process group whose all_reduce is <spec> (no hook)
+  aggregation:<spec>  no DDP: gradzip.Aggregation(spec)(model) on each parameter's
+                    gradient between backward and the step, each its own tensor (no
+                    bucket, so no copy of the gradients into one; nothing overlaps the
+                    backward, which one core per rank cannot overlap anyway)
   METHOD@LR         any of these at its own learning rate (default: --lr)
 Per epoch: test accuracy, training wall time (evaluation excluded), and bytes sent per
 rank (the most any rank sent; gradzip.stats() counts PyTorch's hooks through an exact
@@ -97,7 +101,7 @@ METHODS = {
                       "choco:topology=exp,compress=sign,block=64,gamma=0.5",
                       "choco:topology=exp,compress=topk,density=0.1,gamma=0.2"],
     "quick": ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01", "gossip:topology=ring",
-              "backend:sign"],
+              "backend:sign", "aggregation:topk:density=0.01,momentum=0.9"],
     "network": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
                 "qsgd:bits=4", "stc:density=0.01,momentum=0.9,density_warmup=234"],
     "gpu": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
@@ -169,6 +173,7 @@ class Method:
         name = self.kind  # what follows reads the method, not its learning rate
         self.group = group
         self.gossip = None
+        self.aggregation = None  # aggregation:<spec>, applied to the gradients before each step
         self.hook_spec = None  # the DDP hook's spec; its State is made in wrap(), with the model
         self.hook_state = None
         if name.startswith("backend:"):
@@ -176,6 +181,8 @@ class Method:
                                         pg_options=gradzip.Options(aggregation=name.split(":", 1)[1]))
         elif name.startswith(("gossip", "choco")):
             self.gossip = gradzip.Aggregation(name, group=group)
+        elif name.startswith("aggregation:"):
+            self.aggregation = gradzip.Aggregation(name.split(":", 1)[1], group=group)
         elif name not in ("none", "torch-fp16") and not name.startswith(("torch-powersgd-", "backend:")):
             self.hook_spec = gradzip.Spec(name)
 
@@ -188,7 +195,7 @@ class Method:
     def wrap(self, model, device):
         """The model to train and its SGD, the comm hook registered."""
         opt = torch.optim.SGD(model.parameters(), lr=self.lr, momentum=self.momentum())
-        if self.gossip is not None:
+        if self.gossip is not None or self.aggregation is not None:
             return model, opt
         # The gradients as views of DDP's buckets, for every method alike: no copy of the
         # averaged bucket back into them (each step's fresh gradients are still copied in).
@@ -210,6 +217,10 @@ class Method:
             ddp.register_comm_hook(self.hook_state, gradzip.hooks.hook)
         return ddp, opt
 
+    def before_step(self, model):
+        if self.aggregation is not None:
+            self.aggregation(model)
+
     def after_step(self, model):
         if self.gossip is not None:
             self.gossip(model)
@@ -217,7 +228,7 @@ class Method:
     def momentum(self):
         """SGD's momentum: none where the spec moves it into the aggregation."""
         kind = self.kind
-        spec = kind.split(":", 1)[1] if kind.startswith("backend:") else kind
+        spec = kind.split(":", 1)[1] if kind.startswith(("backend:", "aggregation:")) else kind
         if kind in ("none", "torch-fp16") or kind.startswith("torch-powersgd-") or self.gossip is not None:
             return 0.9
         return 0.0 if "momentum" in gradzip.Spec(spec).params else 0.9
@@ -225,6 +236,8 @@ class Method:
     def bytes_sent(self):
         if self.gossip is not None:
             return self.gossip.stats()["bytes_sent"]
+        if self.aggregation is not None:
+            return self.aggregation.stats()["bytes_sent"]
         if self.hook_state is not None:
             return self.hook_state.stats()["bytes_sent"]
         return gradzip.stats(self.group)["bytes_sent"]
@@ -309,6 +322,7 @@ def train(name, seed, args, data, rank, world, group, device, target=None, budge
             loss = F.cross_entropy(model(train_x[batch]), train_y[batch])
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            method.before_step(base)
             opt.step()
             schedule.step()
             method.after_step(base)
@@ -480,7 +494,7 @@ def main():
     parser.add_argument("--stop-at-target", action="store_true",
                         help="end each method after the first one at the target or at the first method's time")
     parser.add_argument("--quick", action="store_true",
-                        help="6 methods, 1 epoch of 5 steps, accuracy on 2000 test images (seconds)")
+                        help="7 methods, 1 epoch of 5 steps, accuracy on 2000 test images (seconds)")
     parser.add_argument("--out", default="benchmarks/results/train", help="prefix of the .json and .png written")
     args = parser.parse_args()
     if args.quick:
