@@ -101,7 +101,7 @@ METHODS = {
                       "choco:topology=exp,compress=sign,block=64,gamma=0.5",
                       "choco:topology=exp,compress=topk,density=0.1,gamma=0.2"],
     "quick": ["none", "torch-fp16", "torch-powersgd-1", "stc:density=0.01", "gossip:topology=ring",
-              "backend:sign", "aggregation:topk:density=0.01,momentum=0.9"],
+              "backend:sign", "aggregation:qsgd:bits=4"],
     "network": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
                 "qsgd:bits=4", "stc:density=0.01,momentum=0.9,density_warmup=234"],
     "gpu": ["none", "torch-fp16", "torch-powersgd-4", "stc:density=0.01", "topk:density=0.01", "sign",
