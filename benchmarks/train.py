@@ -265,17 +265,18 @@ def no_communication(_, bucket):
     return future
 
 
-def compute_only(args, data, rank, device, ddp=False):
+def compute_only(args, data, rank, device, ddp_group=None):
     """Seconds per step of forward, backward and step (the slowest rank's, median of 20
-    steps after 2 of warm-up), every rank computing at once: without DDP, or (ddp) under
-    DDP as the methods run it, with a comm hook that communicates nothing (its copies of
-    the fresh gradients into the buckets and its hook calls: the least a DDP comm hook's
-    step can take)."""
+    steps after 2 of warm-up), every rank computing at once: without DDP, or under DDP
+    over `ddp_group` as the methods run it, with a comm hook that communicates nothing
+    (its copies of the fresh gradients into the buckets and its hook calls: the least a
+    DDP comm hook's step can take)."""
     train_x, train_y = data[0], data[1]
     torch.manual_seed(args.seeds[0])
     model = MODELS[args.model]().to(device)
-    if ddp:
-        model = DDP(model, gradient_as_bucket_view=True, device_ids=[device.index] if device.type == "cuda" else None)
+    if ddp_group is not None:
+        model = DDP(model, process_group=ddp_group, gradient_as_bucket_view=True,
+                    device_ids=[device.index] if device.type == "cuda" else None)
         model.register_comm_hook(None, no_communication)
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     times = []
@@ -527,7 +528,7 @@ def main():
         print(f"Fashion-MNIST, {world} ranks, {args.epochs} epochs, batch {args.batch_size} per rank, {network}",
               flush=True)
     compute = compute_only(args, data, rank, device)
-    ddp_local = compute_only(args, data, rank, device, ddp=True)
+    ddp_local = compute_only(args, data, rank, device, ddp_group=group)
     cores = os.cpu_count()
     placement = (f"{world} ranks, one per core" if world == cores else
                  f"{world} ranks on {cores} cores" if world > cores else f"{world} ranks, {cores} cores")
@@ -559,7 +560,7 @@ def main():
         targets[seed] = target
     before, after = compute, compute_only(args, data, rank, device)
     compute = (before + after) / 2
-    ddp_local_before_after = [ddp_local, compute_only(args, data, rank, device, ddp=True)]
+    ddp_local_before_after = [ddp_local, compute_only(args, data, rank, device, ddp_group=group)]
     ddp_local = sum(ddp_local_before_after) / 2
     if rank == 0:
         print(f"compute-only step again after the methods: {after * 1e3:.1f} ms (before them {before * 1e3:.1f} ms); "
