@@ -43,7 +43,7 @@ of the two prices the ideal (a machine whose speed drifts during a run moves bot
 method's step time over it shows how much communication it leaves unhidden. Beside it,
 the same step under DDP with a comm hook that communicates nothing: DDP's copies of each
 step's fresh gradients into its buckets and its hook calls, which no DDP comm hook's step
-can be under. Rank 0 shows a progress bar, prints a table,
+can be under; the table gives each method's step over it too. Rank 0 shows a progress bar, prints a table,
 writes JSON and two plots (accuracy against bytes, accuracy against time). The table
 says where the ranks ran: one per core (a real node's picture) or several per core
 (every pass a codec makes then adds to the step). DDP keeps the gradients as views of its
@@ -407,22 +407,26 @@ def shaped_step(shaped, name):
                          f"(it ran {', '.join(shaped['step_seconds'])})") from None
 
 
-def print_table(runs, summary, step_times, compute, targets, methods, title):
-    """Each method's step, steps to each seed's target, efficiency against the ideal."""
+def print_table(runs, summary, step_times, compute, ddp_own, targets, methods, title):
+    """Each method's step (over the compute-only step, and over DDP's own step where
+    known), steps to each seed's target, efficiency against the ideal."""
     seeds = list(runs)
-    header = (f"{'method':<40} | {'accuracy':>8} | {'step':>7} | {'step/compute':>12} | "
+    header = (f"{'method':<40} | {'accuracy':>8} | {'step':>7} | {'step/compute':>12} | {'step/DDP own':>12} | "
               f"{'steps to target (' + ' / '.join(map(str, seeds)) + ')':>24} | {'steps/dense':>11} | "
               f"{'efficiency':>10} | {'vs dense':>8} | {'sent per step':>13}")
     print(f"\n{title}\ntargets: " + ", ".join(f"seed {seed} {t:.2%}" if t is not None else f"seed {seed} none"
                                          for seed, t in targets.items()))
     print("efficiency: time to the target over the communication-free ideal (dense's steps to it times the "
-          "compute-only step), the mean over the seeds")
+          "compute-only step), the mean over the seeds; step/DDP own: the step over DDP's with a hook that "
+          "communicates nothing")
     print(header)
     print("-" * len(header))
     dense_efficiency = summary[methods[0]]["efficiency"] if summary else None
     for name in methods:
         accuracy = sum(runs[seed][name][-1]["accuracy"] for seed in seeds) / len(seeds)
-        row = f"{name:<40} | {accuracy:>7.2%} | {step_times[name] * 1e3:>4.0f} ms | {step_times[name] / compute:>12.2f} | "
+        over_ddp = f"{step_times[name] / ddp_own:.2f}" if ddp_own else "-"
+        row = (f"{name:<40} | {accuracy:>7.2%} | {step_times[name] * 1e3:>4.0f} ms | {step_times[name] / compute:>12.2f} | "
+               f"{over_ddp:>12} | ")
         if summary is None:
             row += f"{'-':>24} | {'-':>11} | {'-':>10} | {'-':>8}"
         else:
@@ -572,11 +576,13 @@ def main():
         if shaped is not None:
             step_times = {name: shaped_step(shaped, name) for name in methods}
             efficiency_compute = shaped["compute_only_step_seconds"]
+            ddp_own = shaped.get("ddp_without_communication_step_seconds")  # absent from older runs' JSON
             timing = f"step times from {args.step_times} ({shaped['network']}, {shaped['placement']})"
         else:
             step_times = {name: sum(r[name][-1]["seconds"] for r in runs.values())
                           / sum(r[name][-1]["steps"] for r in runs.values()) for name in methods}
             efficiency_compute = compute
+            ddp_own = ddp_local
             timing = f"step times from this run ({network})"
         dense_bound = step_times[methods[0]] / efficiency_compute
         if methods[0].partition("@")[0] == "none" and dense_bound < 3:
@@ -585,7 +591,7 @@ def main():
                   "ranks per core", flush=True)
         summary = summarize(runs, targets, efficiency_compute, step_times, args.target_window) \
             if all(t is not None for t in targets.values()) else None
-        print_table(runs, summary, step_times, efficiency_compute, targets, methods,
+        print_table(runs, summary, step_times, efficiency_compute, ddp_own, targets, methods,
                     f"{args.model}; {placement}; compute-only step {efficiency_compute * 1e3:.1f} ms; {timing}; "
                     f"seeds {' '.join(map(str, args.seeds))}; {platform.node()}")
         out = Path(args.out)
@@ -601,6 +607,8 @@ def main():
                 "host": platform.node(), "torch": torch.__version__, "device": args.device}
         out.with_suffix(".json").write_text(json.dumps(
             {**meta, "summary": summary, "step_seconds": step_times,
+             "step_over_ddp_without_communication": {name: step_times[name] / ddp_own for name in methods}
+             if ddp_own else None,
              "results": {name: {seed: runs[seed][name] for seed in runs} for name in methods}}, indent=2))
         drawn = plot(runs, out.with_suffix(".png"), f"Fashion-MNIST, {args.model}, {placement}, {network}, "
                                                     f"seeds {' '.join(map(str, args.seeds))}, {platform.node()}")

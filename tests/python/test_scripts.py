@@ -215,6 +215,8 @@ def test_train_benchmark_quick(tmp_path):
     ddp_local = result["ddp_without_communication_step_seconds_before_after"]
     assert len(ddp_local) == 2 and min(ddp_local) > 0 and "communicates nothing" in out
     assert result["ddp_without_communication_step_seconds"] == pytest.approx(sum(ddp_local) / 2)
+    assert result["step_over_ddp_without_communication"] == pytest.approx(
+        {name: step / result["ddp_without_communication_step_seconds"] for name, step in result["step_seconds"].items()})
     for name, by_seed in result["results"].items():
         assert list(by_seed) == ["0", "1"], (name, out)
         for epochs in by_seed.values():
