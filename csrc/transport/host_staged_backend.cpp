@@ -26,6 +26,14 @@ void synchronize_current_streams(const std::vector<at::Tensor>& tensors) {
   }
 }
 
+// The caller's tensors of (host buffer, caller's tensor) pairs.
+std::vector<at::Tensor> targets_of(const std::vector<std::pair<at::Tensor, at::Tensor>>& outputs) {
+  std::vector<at::Tensor> targets;
+  targets.reserve(outputs.size());
+  for (const auto& output : outputs) targets.push_back(output.second);
+  return targets;
+}
+
 // The host call's Work, and the caller's outputs its host buffers are copied back into.
 class StagedWork final : public c10d::Work {
  public:
@@ -50,7 +58,7 @@ class StagedWork final : public c10d::Work {
   }
   std::vector<at::Tensor> result() override {
     wait(kNoTimeout);
-    return targets();
+    return targets_of(outputs_);
   }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
     auto self = c10::intrusive_ptr<StagedWork>::reclaim_copy(this);
@@ -58,7 +66,7 @@ class StagedWork final : public c10d::Work {
         [self](c10::ivalue::Future& done) {
           done.value();  // the host call's error becomes this future's
           self->copy_back();
-          return c10::IValue(self->targets());
+          return c10::IValue(targets_of(self->outputs_));
         },
         c10::ListType::ofTensors());
   }
@@ -69,14 +77,8 @@ class StagedWork final : public c10d::Work {
   void copy_back() {
     std::call_once(copied_, [this] {
       for (auto& [host, target] : outputs_) target.copy_(host);
-      synchronize_current_streams(targets());
+      synchronize_current_streams(targets_of(outputs_));
     });
-  }
-  std::vector<at::Tensor> targets() const {
-    std::vector<at::Tensor> out;
-    out.reserve(outputs_.size());
-    for (const auto& output : outputs_) out.push_back(output.second);
-    return out;
   }
 
   c10::intrusive_ptr<c10d::Work> host_;
@@ -117,11 +119,7 @@ class Staging {
     return host;
   }
   bool reads_nothing() const { return inputs_.empty(); }
-  void synchronize_targets() const {
-    std::vector<at::Tensor> targets;
-    for (const auto& output : outputs_) targets.push_back(output.second);
-    synchronize_current_streams(targets);
-  }
+  void synchronize_targets() const { synchronize_current_streams(targets_of(outputs_)); }
   c10::intrusive_ptr<c10d::Work> work(c10::intrusive_ptr<c10d::Work> host) {
     return c10::make_intrusive<StagedWork>(std::move(host), std::move(inputs_), std::move(outputs_));
   }
