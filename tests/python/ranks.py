@@ -21,15 +21,37 @@ import multiprocessing
 import multiprocessing.util
 import os
 import queue
+import random
 import socket
 import time
 import traceback
 
 
+def _ephemeral_ports_start() -> int:
+    """The first port of the range the kernel hands out by itself (32768 by default)."""
+    try:
+        return int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that no socket holds now, drawn at random from the 12000 below the kernel's
+    ephemeral range. A port from that range (what a bind to port 0 returns) is handed out
+    again by the kernel to any socket bound to port 0 or connecting out, another pytest
+    worker's Gloo among them, before the ranks listen on it: a rank's store then failed
+    to start (EADDRINUSE)."""
+    end = _ephemeral_ports_start()
+    draw = random.SystemRandom()
+    for _ in range(200):
+        port = draw.randrange(max(1024, end - 12000), end)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port below {end} after 200 draws")
 
 
 def rank_processes():
