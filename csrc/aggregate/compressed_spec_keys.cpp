@@ -90,9 +90,10 @@ std::vector<SpecKey> compressed_aggregation_keys() {
                           "exactly inside each node and compresses only across the nodes, each local rank one "
                           "shard (not with vote=majority or momentum); off: every rank a peer"),
           SpecKey::integer("rounds", "0", 0, kMaxRounds * 8,
-                           "two-phase and compressed reduce-scatter in this many pipelined rounds, each chunk cut "
-                           "into as many sub-pieces: the transport moves one round while the next is encoded "
-                           "(0: one round per 4 MiB a rank sends in the first phase, at most 8)"),
+                           "every exchange in this many pipelined rounds: two-phase and the compressed "
+                           "reduce-scatter cut each chunk into as many sub-pieces, one-shot the vector into as "
+                           "many pieces; the transport moves one round while the next is encoded (0: one round "
+                           "per 4 MiB a rank sends, in two-phase's first phase, at most 8)"),
           SpecKey::choice("reduce_scatter", "exact", {"exact", "compressed"},
                           "the gradzip backend's reduce_scatter_tensor (FSDP's gradients): exact, or compressed "
                           "with this codec and error feedback like all_reduce"),

@@ -39,7 +39,7 @@ int64_t ExchangeCost::of(const std::string& name) const {
 ExchangeCost exchange_cost(const Codec& codec, int64_t n, int64_t element_bytes, int ranks, int64_t rounds_requested) {
   ExchangeCost cost{ring_allreduce_bytes(n * element_bytes, ranks), exchange_rounds(codec, n, ranks, rounds_requested),
                     {}};
-  for (const ExchangeScheme* scheme : exchange_schemes()) cost.schemes.push_back(scheme->bytes(codec, n, ranks, cost.rounds));
+  for (const ExchangeScheme* scheme : exchange_schemes()) cost.schemes.push_back(scheme->bytes(codec, n, ranks, rounds_requested));
   return cost;
 }
 

@@ -35,11 +35,13 @@ struct ExchangeScheme {
   // Its owners re-encode a sum of decoded pieces, compressing a lossy codec twice.
   bool compresses_twice = false;
   // It runs in exchange_rounds(...) rounds that overlap the codec with the wire, and
-  // calls ExchangeCall::before_round before each.
+  // calls ExchangeCall::before_round before each (one-shot is pipelined too, but in
+  // rounds of its own, oneshot_rounds, and calls nothing).
   bool in_rounds = false;
-  // Bytes one rank sends for an all-reduce of n elements over `ranks` in `rounds`
-  // rounds, slot framing included: what gradzip.stats() counts for such a call.
-  int64_t (*bytes)(const Codec& codec, int64_t n, int ranks, int rounds) = nullptr;
+  // Bytes one rank sends for an all-reduce of n elements over `ranks`, in the rounds it
+  // takes when `rounds_requested` are asked for (0: its own choice), slot framing
+  // included: what gradzip.stats() counts for such a call.
+  int64_t (*bytes)(const Codec& codec, int64_t n, int ranks, int64_t rounds_requested) = nullptr;
   // The scheme's exchange (stateless, shared by every call).
   const Exchange& (*exchange)() = nullptr;
 };
@@ -88,9 +90,9 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
 //   without error feedback would drop for good what the owners' second selection leaves
 //   out;
 // - in several rounds, a scheme that runs in rounds is taken over the fewest bytes when
-//   it sends at most 5% more: its rounds overlap the codec with the wire, where another
-//   scheme's encode, transfer and decode follow each other (2 ranks, or the 2 nodes of a
-//   hierarchical exchange, where one-shot and two-phase send about as much).
+//   it sends at most 5% more (2 ranks, or the 2 nodes of a hierarchical exchange, where
+//   one-shot and two-phase send about as much): across the nodes its rounds also overlap
+//   the node stage (before_round).
 const ExchangeScheme* choose_exchange(const ExchangeScheme* request, const ExchangeCost& cost,
                                       bool reencodes_losslessly = true);
 // choose_exchange with the rules of `codec`: the choice every door makes.

@@ -31,6 +31,15 @@ int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested,
   return static_cast<int>(std::max<int64_t>(1, std::min(rounds, smallest)));
 }
 
+int oneshot_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested) {
+  int64_t rounds = requested;
+  if (rounds <= 0) {
+    const int64_t sent = std::max(0, ranks - 1) * slot_bytes(codec, n);
+    rounds = std::min<int64_t>({sent / kRoundBytes, kMaxRounds, n / kMinRoundElements});
+  }
+  return static_cast<int>(std::max<int64_t>(1, std::min(rounds, n)));
+}
+
 int64_t rounds_request(const Spec& spec) { return spec.get_int("rounds"); }
 
 EncodeContext chunk_context(const EncodeContext& ctx, uint64_t phase, int chunk, int round, int64_t begin) {

@@ -34,6 +34,11 @@ constexpr int64_t kRoundBytes = int64_t{4} << 20;
 constexpr int kMaxRounds = 8;
 constexpr int64_t kMinRoundElements = 4096;
 int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0, int link_shared_by = 1);
+// The rounds of a one-shot exchange of n elements over `ranks`: `requested` when it is
+// above 0, else one round per kRoundBytes of the (P − 1)·c(n) bytes a rank sends, at most
+// kMaxRounds, and at most one per kMinRoundElements. Never more rounds than elements,
+// never fewer than one.
+int oneshot_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0);
 // The spec's `rounds` key: 0 (automatic) when it has none.
 int64_t rounds_request(const Spec& spec);
 

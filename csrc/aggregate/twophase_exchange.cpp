@@ -103,7 +103,8 @@ const ExchangeScheme& twophase_scheme() {
   static const ExchangeScheme scheme = {
       "twophase", "all-to-all of chunks, owners reduce and re-encode, all-gather", /*compresses_twice=*/true,
       /*in_rounds=*/true,
-      [](const Codec& codec, int64_t n, int ranks, int rounds) {
+      [](const Codec& codec, int64_t n, int ranks, int64_t rounds_requested) {
+        const int rounds = exchange_rounds(codec, n, ranks, rounds_requested);
         return 2 * (ranks - 1) * rounds * slot_bytes(codec, largest_piece(n, ranks, rounds));
       },
       []() -> const Exchange& {

@@ -49,12 +49,17 @@ void bind_aggregation(py::module_& m) {
         TORCH_CHECK(numel >= 0 && world_size >= 1 && element_size >= 1 && link_shared_by >= 1,
                     "gradzip: exchange_plan needs numel >= 0, world_size >= 1, element_size >= 1 and "
                     "link_shared_by >= 1");
-        const int rounds = exchange_rounds(*codec, numel, world_size, rounds_request(spec.spec()), link_shared_by);
-        const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size, rounds);
+        // As the all-reduce plans it: a hierarchical exchange's lanes take the rounds of
+        // their shared link, a flat one the spec's request.
+        const int64_t requested = link_shared_by > 1 ? exchange_rounds(*codec, numel, world_size,
+                                                                       rounds_request(spec.spec()), link_shared_by)
+                                                     : rounds_request(spec.spec());
+        const ExchangeCost cost = exchange_cost(*codec, numel, element_size, world_size, requested);
         const ExchangeScheme* choice = choose_exchange_for(*codec, exchange_request(spec.spec()), cost);
         py::dict plan(py::arg("choice") = choice ? choice->name : "dense", py::arg("dense") = cost.dense);
         for (size_t i = 0; i < exchange_schemes().size(); ++i) plan[exchange_schemes()[i]->name.c_str()] = cost.schemes[i];
         plan["rounds"] = cost.rounds;
+        plan["oneshot_rounds"] = oneshot_rounds(*codec, numel, world_size, requested);
         return plan;
       },
       py::arg("spec"), py::arg("numel"), py::arg("world_size"), py::arg("element_size"),

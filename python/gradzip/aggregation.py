@@ -122,8 +122,8 @@ def exchange_plan(spec, numel: int, world_size: int, element_size: int = 4, link
     `world_size` ranks moves: the bytes one rank sends by the transport's ring all-reduce
     ("dense") and by each exchange scheme (under its name, as the spec's `exchange` key
     takes it: "oneshot", "twophase"), the one the spec's `exchange` key picks ("choice";
-    auto takes the fewest bytes, dense unless compression sends fewer) and the rounds of
-    a scheme that runs in rounds. These are the bytes gradzip.stats() counts for such a
+    auto takes the fewest bytes, dense unless compression sends fewer), the rounds of
+    two-phase ("rounds") and of one-shot ("oneshot_rounds"). These are the bytes gradzip.stats() counts for such a
     call. `link_shared_by`: how many such exchanges share each rank's link (a
     hierarchical exchange's lane: the ranks per node), which sets the automatic rounds."""
     return _C.exchange_plan(bind_spec(spec), numel, world_size, element_size, link_shared_by)

@@ -62,6 +62,24 @@ TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
   EXPECT_EQ(reduce_scatter_cost(*fp16, 1000, 4, 4, 3).compressed, 3 * 3 * slot_bytes(*fp16, 84));
 }
 
+TEST(ExchangeTest, OneShotRoundsFollowWhatARankSends) {
+  // QSGD 4-bit of 25M at 2 ranks: one payload of 12.7 MB, three rounds of 4 MiB; at 4
+  // ranks three payloads: the most rounds.
+  const auto qsgd = codec("qsgd:bits=4");
+  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 2), 3);
+  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 4), kMaxRounds);
+  // Sparse payloads, small tensors and one rank: one round, the exchange as it always was.
+  EXPECT_EQ(oneshot_rounds(*codec("stc:density=0.01"), 25'000'000, 4), 1);
+  EXPECT_EQ(oneshot_rounds(*codec("fp16"), 1 << 12, 8), 1);
+  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 1), 1);
+  // Asked for: taken, but never more rounds than elements.
+  EXPECT_EQ(oneshot_rounds(*codec("stc:density=0.01"), 1000, 4, 3), 3);
+  EXPECT_EQ(oneshot_rounds(*codec("fp16"), 5, 4, 7), 5);
+  // The cost counts every round's slot, each of the largest piece.
+  EXPECT_EQ(exchange_cost(*qsgd, 25'000'000, 4, 2).of("oneshot"), 3 * slot_bytes(*qsgd, 8'333'334));
+  EXPECT_EQ(exchange_cost(*codec("fp16"), 1000, 4, 4, 3).of("oneshot"), 3 * 3 * slot_bytes(*codec("fp16"), 334));
+}
+
 TEST(ExchangeTest, PipelinedTwoPhaseWinsNearTiesForCasts) {
   // At 2 ranks two-phase sends one-shot's bytes plus framing; from several rounds on its
   // rounds overlap the codec with the wire, so auto takes it for the casts, whose
@@ -169,12 +187,13 @@ TEST(ExchangeTest, SchemesAreRegisteredOnceWithTheirCost) {
   for (size_t i = 0; i < exchange_schemes().size(); ++i) {
     const ExchangeScheme& s = *exchange_schemes()[i];
     EXPECT_EQ(find_exchange_scheme(s.name), &s);
-    EXPECT_EQ(cost.of(s.name), s.bytes(*fp16, 1 << 20, 4, cost.rounds)) << s.name;
+    EXPECT_EQ(cost.of(s.name), s.bytes(*fp16, 1 << 20, 4, 0)) << s.name;
     EXPECT_EQ(&s.exchange(), &s.exchange()) << s.name;
   }
   EXPECT_EQ(find_exchange_scheme("auto"), nullptr);
   EXPECT_THROW(cost.of("ring"), std::out_of_range);
-  // Two-phase compresses twice and runs in rounds; one-shot neither.
+  // Two-phase compresses twice and runs in the planner's rounds; one-shot neither (its
+  // rounds are its own: oneshot_rounds).
   EXPECT_TRUE(scheme("twophase")->compresses_twice && scheme("twophase")->in_rounds);
   EXPECT_FALSE(scheme("oneshot")->compresses_twice || scheme("oneshot")->in_rounds);
 }

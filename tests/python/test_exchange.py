@@ -1,6 +1,8 @@
 """The exchanges (one-shot, two-phase, auto) with real ranks: identical bits on every
 rank, the float64 sum within codec error, error feedback conserved on both sides, bytes
 as the cost model says, bit-exact resume, and per-piece state across bucket layouts."""
+import math
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -77,33 +79,39 @@ def test_tensors_smaller_than_the_world(n):
         assert torch.allclose(results[0].double(), exact[0], rtol=3e-3, atol=3e-3)
 
 
+ROUNDS_OF = {"oneshot": "oneshot_rounds", "twophase": "rounds"}
+
+
+@pytest.mark.parametrize("exchange", ["oneshot", "twophase"])
 @pytest.mark.parametrize("spec", ["identity", "fp16", "bf16", "sign:vote=majority"])
-def test_rounds_keep_the_bits_of_element_wise_codecs(spec):
-    """Pipelined rounds cut every chunk into sub-pieces; a codec that codes each element
-    alone gives the same bits in three rounds as in one, and sends what the plan says."""
+def test_rounds_keep_the_bits_of_element_wise_codecs(spec, exchange):
+    """Pipelined rounds cut the vector (one-shot) or every chunk (two-phase) into pieces;
+    a codec that codes each element alone gives the same bits in three rounds as in one,
+    and sends what the plan says."""
     import gradzip
     world, n = 3, 1001
-    one = run_ranks(reduce_steps, world, with_key(spec, "rounds=1"), "twophase", n, 2)
-    three = run_ranks(reduce_steps, world, with_key(spec, "rounds=3"), "twophase", n, 2)
-    plan = gradzip.exchange_plan(with_key(spec, "rounds=3,exchange=twophase"), n, world)
-    assert plan["rounds"] == 3
+    one = run_ranks(reduce_steps, world, with_key(spec, "rounds=1"), exchange, n, 2)
+    three = run_ranks(reduce_steps, world, with_key(spec, "rounds=3"), exchange, n, 2)
+    plan = gradzip.exchange_plan(with_key(spec, f"rounds=3,exchange={exchange}"), n, world)
+    assert plan[ROUNDS_OF[exchange]] == 3
     for a, b in zip(one, three):
         for step in range(2):
             assert torch.equal(a[0][step], b[0][step])
-        assert b[2]["bytes_sent"] == 2 * plan["twophase"]
+        assert b[2]["bytes_sent"] == 2 * plan[exchange]
 
 
+@pytest.mark.parametrize("exchange", ["oneshot", "twophase"])
 @pytest.mark.parametrize("spec", ["stc:density=0.05", "topk:density=0.05", "qsgd:bits=4", "sign",
                                   "randomk:density=0.2,seed=3"])
-def test_every_codec_in_rounds(spec):
-    """Codecs that select or scale per block do so per sub-piece: still the same bits on
+def test_every_codec_in_rounds(spec, exchange):
+    """Codecs that select or scale per block do so per piece: still the same bits on
     every rank, close to the float64 sum, the bytes of the plan."""
     import gradzip
     world, n = 3, 3001
     spec = with_key(spec, "rounds=4")
-    outs = run_ranks(reduce_steps, world, spec, "twophase", n, 2)
-    plan = gradzip.exchange_plan(with_key(spec, "exchange=twophase"), n, world)
-    assert plan["rounds"] == 4
+    outs = run_ranks(reduce_steps, world, spec, exchange, n, 2)
+    plan = gradzip.exchange_plan(with_key(spec, f"exchange={exchange}"), n, world)
+    assert plan[ROUNDS_OF[exchange]] == 4
     for step in range(2):
         first = outs[0][0][step]
         for results, *_ in outs[1:]:
@@ -111,7 +119,25 @@ def test_every_codec_in_rounds(spec):
         cos = torch.nn.functional.cosine_similarity(first.double(), outs[0][1][step], dim=0)
         assert cos > (0.1 if "density" in spec else 0.3), cos
     for _, _, stats, _ in outs:
-        assert stats["bytes_sent"] == 2 * plan["twophase"]
+        assert stats["bytes_sent"] == 2 * plan[exchange]
+
+
+def test_oneshot_rounds_select_per_piece():
+    """One-shot in three rounds: each rank sends the top ⌈density·m⌉ of each of the three
+    pieces of its vector (m elements each, as exchange_chunk cuts them), and every rank
+    adds them up in rank order: the bits of that reference, computed with torch.topk."""
+    world, n, density = 3, 3001, 0.05
+    outs = run_ranks(reduce_steps, world, f"topk:density={density},rounds=3", "oneshot", n, 1)
+    expected = torch.zeros(n)
+    for r in range(world):
+        x = inputs(r, 0, n)
+        for s in range(3):
+            begin, end = s * n // 3, (s + 1) * n // 3
+            piece = x[begin:end]
+            chosen = piece.abs().topk(math.ceil(density * piece.numel())).indices  # as the codec's k
+            expected[begin + chosen] += piece[chosen]
+    for results, *_ in outs:
+        assert torch.equal(results[0], expected)
 
 
 def residual_totals(world, n, states):
@@ -128,16 +154,21 @@ def residual_totals(world, n, states):
 
 @pytest.mark.parametrize("spec", ["topk:density=0.02", "stc:density=0.05", "sign", "qsgd:bits=2,ef=1",
                                   "stc:density=0.05,rounds=3", "qsgd:bits=2,ef=1,rounds=5"])
-def test_error_feedback_is_conserved_on_both_sides(spec):
+@pytest.mark.parametrize("exchange", ["oneshot", "twophase"])
+def test_error_feedback_is_conserved_on_both_sides(spec, exchange):
     """What was sent plus what the residuals hold is everything the ranks put in:
-    Σ_t result_t + Σ residuals = Σ_t Σ_r x_r,t, with worker and owner residuals."""
+    Σ_t result_t + Σ residuals = Σ_t Σ_r x_r,t, with worker and owner residuals (two-phase)
+    or worker residuals alone (one-shot)."""
     world, n, steps = 3, 3000, 4
-    outs = run_ranks(reduce_steps, world, spec, "twophase", n, steps)
+    outs = run_ranks(reduce_steps, world, spec, exchange, n, steps)
     sent = sum(r.double() for r in outs[0][0])
     put_in = sum(outs[0][1])
     states = [o[3] for o in outs]
-    assert all("tensor/owner_residual" in s for s in states)
-    assert sum(s["tensor/owner_residual"].numel() for s in states) == n
+    if exchange == "twophase":
+        assert all("tensor/owner_residual" in s for s in states)
+        assert sum(s["tensor/owner_residual"].numel() for s in states) == n
+    else:
+        assert not any("tensor/owner_residual" in s for s in states)
     held = residual_totals(world, n, states)
     assert held.abs().max() > 0.1  # the residuals hold something
     assert torch.allclose(sent + held, put_in, atol=1e-3), (sent + held - put_in).abs().max()
