@@ -92,8 +92,9 @@ std::vector<SpecKey> compressed_aggregation_keys() {
           SpecKey::integer("rounds", "0", 0, kMaxRounds * 8,
                            "every exchange in this many pipelined rounds: two-phase and the compressed "
                            "reduce-scatter cut each chunk into as many sub-pieces, one-shot the vector into as "
-                           "many pieces; the transport moves one round while the next is encoded (0: one round "
-                           "per 4 MiB a rank sends, in two-phase's first phase, at most 8)"),
+                           "many pieces; the transport moves one round while the next is encoded (0: two-phase "
+                           "one round per 4 MiB a rank sends in the first phase, one-shot one per 512 KiB of its "
+                           "payload; at most 8)"),
           SpecKey::choice("reduce_scatter", "exact", {"exact", "compressed"},
                           "the gradzip backend's reduce_scatter_tensor (FSDP's gradients): exact, or compressed "
                           "with this codec and error feedback like all_reduce"),

@@ -53,14 +53,16 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
 
 namespace {
 
-// The scheme among those `admitted` that sends the fewest bytes, the earlier on a tie;
-// null when none is admitted.
+// The scheme among those `admitted` that sends the fewest bytes, the earlier on a tie
+// (within 0.1%: slot framing alone does not decide); null when none is admitted.
 template <typename Admitted>
 std::pair<const ExchangeScheme*, int64_t> fewest_bytes(const ExchangeCost& cost, Admitted admitted) {
   const auto& all = exchange_schemes();
   std::pair<const ExchangeScheme*, int64_t> best{nullptr, 0};
   for (size_t i = 0; i < all.size(); ++i) {
-    if (admitted(*all[i]) && (!best.first || cost.schemes[i] < best.second)) best = {all[i], cost.schemes[i]};
+    if (admitted(*all[i]) && (!best.first || cost.schemes[i] + cost.schemes[i] / 1000 < best.second)) {
+      best = {all[i], cost.schemes[i]};
+    }
   }
   return best;
 }

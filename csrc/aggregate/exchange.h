@@ -80,7 +80,8 @@ ReduceScatterCost reduce_scatter_cost(const Codec& codec, int64_t n, int64_t ele
 // The scheme of a call; null for the transport's dense all-reduce. A requested scheme is
 // taken as asked. auto (`request` null) takes the scheme that sends the fewest bytes,
 // dense when none sends fewer than the ring (ties go to dense, then to the earlier
-// scheme), with two rules:
+// scheme; schemes within 0.1% of each other tie, so that the framing of one-shot's
+// rounds does not decide), with two rules:
 // - a scheme that compresses twice is taken only where the codec re-encodes losslessly
 //   (`reencodes_losslessly`: Codec::reencodes_losslessly, the casts), or where no scheme
 //   that compresses once sends fewer bytes than the ring (many ranks: compressed twice

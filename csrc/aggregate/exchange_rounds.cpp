@@ -34,8 +34,8 @@ int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested,
 int oneshot_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested) {
   int64_t rounds = requested;
   if (rounds <= 0) {
-    const int64_t sent = std::max(0, ranks - 1) * slot_bytes(codec, n);
-    rounds = std::min<int64_t>({sent / kRoundBytes, kMaxRounds, n / kMinRoundElements});
+    const int64_t payload = ranks > 1 ? slot_bytes(codec, n) : 0;
+    rounds = std::min<int64_t>({payload / kOneShotRoundBytes, kMaxRounds, n / kMinRoundElements});
   }
   return static_cast<int>(std::max<int64_t>(1, std::min(rounds, n)));
 }

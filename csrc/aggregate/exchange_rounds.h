@@ -35,9 +35,13 @@ constexpr int kMaxRounds = 8;
 constexpr int64_t kMinRoundElements = 4096;
 int exchange_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0, int link_shared_by = 1);
 // The rounds of a one-shot exchange of n elements over `ranks`: `requested` when it is
-// above 0, else one round per kRoundBytes of the (P − 1)·c(n) bytes a rank sends, at most
-// kMaxRounds, and at most one per kMinRoundElements. Never more rounds than elements,
-// never fewer than one.
+// above 0, else one round per kOneShotRoundBytes of a rank's payload c(n) (one round
+// alone), at most kMaxRounds, and at most one per kMinRoundElements. Never more rounds
+// than elements, never fewer than one. Finer than two-phase's: at 2 ranks and 1 Gbit/s,
+// QSGD 4-bit of 11.9M elements (6 MB) took 119, 87, 69 and 62 ms in 1, 2, 4 and 8
+// rounds, and on loopback, where the CPU bounds the call, the same in each within noise
+// (docs/results.md "Collectives"). A sparse payload of 1% stays in one round.
+constexpr int64_t kOneShotRoundBytes = int64_t{512} << 10;
 int oneshot_rounds(const Codec& codec, int64_t n, int ranks, int64_t requested = 0);
 // The spec's `rounds` key: 0 (automatic) when it has none.
 int64_t rounds_request(const Spec& spec);

@@ -63,20 +63,23 @@ TEST(ExchangeTest, RoundsFollowTheFirstPhasesBytes) {
 }
 
 TEST(ExchangeTest, OneShotRoundsFollowWhatARankSends) {
-  // QSGD 4-bit of 25M at 2 ranks: one payload of 12.7 MB, three rounds of 4 MiB; at 4
-  // ranks three payloads: the most rounds.
+  // A payload of 1.58 MB (sign of 11.9M): three rounds of 512 KiB, at any world size;
+  // QSGD 4-bit of 25M (12.7 MB): the most rounds.
+  EXPECT_EQ(oneshot_rounds(*codec("sign"), 11'900'000, 2), 3);
+  EXPECT_EQ(oneshot_rounds(*codec("sign"), 11'900'000, 8), 3);
   const auto qsgd = codec("qsgd:bits=4");
-  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 2), 3);
-  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 4), kMaxRounds);
-  // Sparse payloads, small tensors and one rank: one round, the exchange as it always was.
+  EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 2), kMaxRounds);
+  // Sparse payloads of 1%, small tensors and one rank: one round, the exchange as it
+  // always was.
   EXPECT_EQ(oneshot_rounds(*codec("stc:density=0.01"), 25'000'000, 4), 1);
+  EXPECT_EQ(oneshot_rounds(*codec("topk:density=0.01"), 11'900'000, 8), 1);
   EXPECT_EQ(oneshot_rounds(*codec("fp16"), 1 << 12, 8), 1);
   EXPECT_EQ(oneshot_rounds(*qsgd, 25'000'000, 1), 1);
   // Asked for: taken, but never more rounds than elements.
   EXPECT_EQ(oneshot_rounds(*codec("stc:density=0.01"), 1000, 4, 3), 3);
   EXPECT_EQ(oneshot_rounds(*codec("fp16"), 5, 4, 7), 5);
   // The cost counts every round's slot, each of the largest piece.
-  EXPECT_EQ(exchange_cost(*qsgd, 25'000'000, 4, 2).of("oneshot"), 3 * slot_bytes(*qsgd, 8'333'334));
+  EXPECT_EQ(exchange_cost(*qsgd, 25'000'000, 4, 2).of("oneshot"), 8 * slot_bytes(*qsgd, 3'125'000));
   EXPECT_EQ(exchange_cost(*codec("fp16"), 1000, 4, 4, 3).of("oneshot"), 3 * 3 * slot_bytes(*codec("fp16"), 334));
 }
 
