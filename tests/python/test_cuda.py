@@ -125,7 +125,8 @@ def exchanged(spec, world):
 
 
 @pytest.mark.parametrize("spec", ["topk:density=0.01", "stc:density=0.01", "sign", "qsgd", "sign:vote=majority",
-                                  "topk:density=0.01,values=fp16", "randomk:density=0.01", "fp16"])
+                                  "topk:density=0.01,values=fp16", "randomk:density=0.01", "fp16",
+                                  "qsgd:rounds=3", "topk:density=0.01,rounds=3"])
 @pytest.mark.parametrize("world", ranks_for_nccl())
 def test_cuda_allreduce_through_gradzip_matches_the_cpu_path(spec, world):
     # NCCL puts each rank on its own GPU: two ranks need two GPUs; one rank still runs the
