@@ -55,6 +55,8 @@ def test_collectives_benchmark_quick(tmp_path):
     # On loopback the floor is memory traffic alone: none for the dense methods.
     assert all((row["floor_s"] > 0) == (name not in ("gloo", "allreduce", "allreduce unchecked"))
                for name, row in methods.items())
+    # No link time: the floor that overlap cannot beat (the larger of link and memory time) is the same.
+    assert all(row["overlapped_floor_s"] == row["floor_s"] for row in methods.values())
 
 
 def test_cuda_allreduce_benchmark_runs_its_rows_on_cpu(tmp_path):
