@@ -11,6 +11,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "aggregate/exchange_flights.h"
 
@@ -25,33 +26,37 @@ class OneShotExchange final : public Exchange {
     const int ranks = transport->getSize();
     const int64_t n = call.x.numel();
     const int rounds = oneshot_rounds(host, n, ranks, call.rounds);
+    // Each round's piece and its codec, made once for the encode and the decode.
+    std::vector<Chunk> pieces;
+    std::vector<PartCodec> codecs;
+    pieces.reserve(rounds);
+    codecs.reserve(rounds);
     int64_t stride = 0;
     for (int s = 0; s < rounds; ++s) {
-      const Chunk c = exchange_chunk(n, rounds, s);
-      stride = std::max(stride, PartCodec(codec, c)->slot_bytes(c.length));
+      pieces.push_back(exchange_chunk(n, rounds, s));
+      codecs.emplace_back(codec, pieces.back());
+      stride = std::max(stride, codecs.back()->slot_bytes(pieces.back().length));
     }
     const at::Tensor mine = bytes_on(call.x.device(), rounds * stride, Buffer::kMine);
     const at::Tensor all = bytes_on(call.transport_device, rounds * ranks * stride, Buffer::kAll);
     Flights flights(call);
     for (int s = 0; s < rounds; ++s) {
-      const Chunk c = exchange_chunk(n, rounds, s);
+      const Chunk& c = pieces[s];
       const at::Tensor residual =
           call.worker_residual.defined() ? call.worker_residual.narrow(0, c.begin, c.length) : at::Tensor();
       const at::Tensor slot = mine.narrow(0, s * stride, stride);
-      PartCodec(codec, c)->encode(call.x.narrow(0, c.begin, c.length), residual,
-                                  rounds == 1 ? call.ctx : chunk_context(call.ctx, 0, 0, s, c.begin), slot);
+      codecs[s]->encode(call.x.narrow(0, c.begin, c.length), residual,
+                        rounds == 1 ? call.ctx : chunk_context(call.ctx, 0, 0, s, c.begin), slot);
       flights.start_allgather(slot, all.narrow(0, s * ranks * stride, ranks * stride), transport);
     }
     for (int s = 0; s < rounds; ++s) {
-      const Chunk c = exchange_chunk(n, rounds, s);
       const at::Tensor round = flights.finish(s);
-      const PartCodec part(codec, c);
-      at::Tensor part_sum = sum.narrow(0, c.begin, c.length);
+      at::Tensor part_sum = sum.narrow(0, pieces[s].begin, pieces[s].length);
       try {
         if (call.sum_zeroed) {
-          part->decode_add(round, stride, ranks, part_sum, call.scale);
+          codecs[s]->decode_add(round, stride, ranks, part_sum, call.scale);
         } else {
-          part->decode_sum(round, stride, ranks, part_sum, call.scale);
+          codecs[s]->decode_sum(round, stride, ranks, part_sum, call.scale);
         }
       } catch (const SlotError& e) {
         raise_for_slot(e, call.key, "the payload");
