@@ -7,6 +7,7 @@
 #include <bit>
 #include <cmath>
 #include <functional>
+#include <optional>
 
 #include "codec/element_math.cuh"
 
@@ -172,33 +173,18 @@ __attribute__((target("avx2"))) int64_t keys_at_or_above_avx2(const float* x, fl
   return i;
 }
 
-// The first try of select_topk, one pass instead of two: a threshold that should keep
-// all of the top k and not many more, from 16 evenly spaced blocks (about 1% of the
-// elements); the pass makes u (with a residual) and collects the (key, index) pairs at
-// or above it. If that kept fewer than k (the estimate was too high) or far more (too
-// low), it returns false and select_topk falls back to the histogram. `u_made` says
-// whether the residual already holds u.
+// The first try of select_topk, one pass instead of two: the pass makes u (with a
+// residual) and collects the (key, index) pairs at or above sampled_threshold. If that
+// kept fewer than k (the estimate was too high) or far more (too low), it returns false
+// and select_topk falls back to the histogram. `u_made` says whether the residual
+// already holds u.
 bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices,
                         bool& u_made) {
   u_made = false;
-  constexpr int kBlocks = 16;
-  const int64_t per_block = std::max<int64_t>(256, n / 100 / kBlocks);
-  if (per_block * kBlocks * 8 > n) return false;  // too small to gain from sampling
-  std::vector<uint32_t> sample;
-  sample.reserve(per_block * kBlocks);
-  for (int b = 0; b < kBlocks; ++b) {
-    const int64_t start = (n - per_block) * b / (kBlocks - 1);
-    for (int64_t i = start; i < start + per_block; ++i) {
-      sample.push_back(math::magnitude_key(residual ? residual[i] + x[i] : x[i]));  // = u_i, as below
-    }
-  }
-  const double expected = static_cast<double>(k) * static_cast<double>(sample.size()) / static_cast<double>(n);
-  const int64_t rank = static_cast<int64_t>(expected * 1.5 + 4.0 * std::sqrt(expected) + 8.0);
-  if (rank >= static_cast<int64_t>(sample.size())) return false;
-  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<>());
-  const uint32_t lowest = sample[rank - 1];
-
-  const size_t cap = static_cast<size_t>(4 * k + 4096);
+  const std::optional<uint32_t> threshold = sampled_threshold(x, residual, n, k);
+  if (!threshold) return false;
+  const uint32_t lowest = *threshold;
+  const size_t cap = static_cast<size_t>(candidate_cap(k));
   std::vector<std::pair<uint32_t, int64_t>> candidates;
   candidates.reserve(std::min<size_t>(cap, static_cast<size_t>(2 * k + 1024)));
   bool overflow = false;
@@ -234,8 +220,36 @@ bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, s
     visit(i);
   }
   u_made = residual != nullptr;
-  if (overflow || static_cast<int64_t>(candidates.size()) < k) return false;
+  return select_from_candidates(candidates, k, indices);
+}
 
+}  // namespace
+
+std::optional<uint32_t> sampled_threshold(const float* x, const float* residual, int64_t n, int64_t k) {
+  constexpr int kBlocks = 16;
+  const int64_t per_block = std::max<int64_t>(256, n / 100 / kBlocks);
+  if (k <= 0 || k >= n || per_block * kBlocks * 8 > n) return std::nullopt;  // too small to gain from sampling
+  std::vector<uint32_t> sample;
+  sample.reserve(per_block * kBlocks);
+  for (int b = 0; b < kBlocks; ++b) {
+    const int64_t start = (n - per_block) * b / (kBlocks - 1);
+    for (int64_t i = start; i < start + per_block; ++i) {
+      sample.push_back(math::magnitude_key(residual ? residual[i] + x[i] : x[i]));  // = u_i, as the pass makes it
+    }
+  }
+  const double expected = static_cast<double>(k) * static_cast<double>(sample.size()) / static_cast<double>(n);
+  const int64_t rank = static_cast<int64_t>(expected * 1.5 + 4.0 * std::sqrt(expected) + 8.0);
+  if (rank >= static_cast<int64_t>(sample.size())) return std::nullopt;
+  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<>());
+  return sample[rank - 1];
+}
+
+int64_t candidate_cap(int64_t k) { return 4 * k + 4096; }
+
+bool select_from_candidates(const std::vector<std::pair<uint32_t, int64_t>>& candidates, int64_t k,
+                            std::vector<int64_t>& indices) {
+  const auto count = static_cast<int64_t>(candidates.size());
+  if (k <= 0 || count < k || count > candidate_cap(k)) return false;
   auto [threshold, ties] = boundary_of(candidates, k);
   indices.clear();
   indices.reserve(k);
@@ -244,8 +258,6 @@ bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, s
   }
   return true;
 }
-
-}  // namespace
 
 void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices) {
   indices.clear();

@@ -16,12 +16,27 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <utility>
 #include <vector>
 
 namespace gradzip {
 
 void select_topk(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
 void select_topk_approx(const float* x, float* residual, int64_t n, int64_t k, std::vector<int64_t>& indices);
+
+// select_topk's first try, for a caller that makes its pass itself (fused with work of
+// its own): sampled_threshold, a key (magnitude bits) from a sample of about 1% of u =
+// x (+ residual) that should keep every one of u's k largest and not many more (none
+// when n is too small to sample, or k is 0 or n: select_topk then); the caller's pass
+// collects the (key, index) of every element whose key is at or above it, in index
+// order, stopping past candidate_cap(k); select_from_candidates then gives the indices
+// select_topk gives, or false when the candidates do not decide (fewer than k: the
+// estimate was too high; past the cap: too low).
+std::optional<uint32_t> sampled_threshold(const float* x, const float* residual, int64_t n, int64_t k);
+int64_t candidate_cap(int64_t k);
+bool select_from_candidates(const std::vector<std::pair<uint32_t, int64_t>>& candidates, int64_t k,
+                            std::vector<int64_t>& indices);
 
 // The sums, in float64, of the k largest magnitudes of x (`chosen`), of their squares
 // (`chosen_squares`) and of the other elements' squares (`rest_squares`).

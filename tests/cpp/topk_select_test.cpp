@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "codec/element_math.cuh"
@@ -79,6 +80,46 @@ TEST(TopKSelectTest, ApproximateCountIsNearK) {
         chosen[i] ? std::min(smallest_in, std::fabs(x[i])) : std::max(largest_out, std::fabs(x[i]));
   }
   EXPECT_GE(smallest_in, largest_out);
+}
+
+// A caller's own pass (aggregate/residual_selection.h): the candidates at or above the
+// sampled threshold decide exactly select_topk's indices, or decline.
+TEST(TopKSelectTest, CandidatesOfTheSampledThresholdGiveTheExactSelection) {
+  const int64_t n = 200000;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  int decided = 0;
+  for (int pattern = 0; pattern < 3; ++pattern) {
+    std::vector<float> x(n), residual(n), u(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float scale = pattern == 0 ? 1.0f : pattern == 1 ? (i < n / 2 ? 1e-3f : 10.0f) : std::round(normal(rng));
+      x[i] = normal(rng) * scale;
+      residual[i] = normal(rng) * 0.1f;
+      u[i] = residual[i] + x[i];
+    }
+    for (int64_t k : {int64_t{1}, n / 1000, n / 100, n / 10}) {
+      const std::optional<uint32_t> lowest = sampled_threshold(x.data(), residual.data(), n, k);
+      ASSERT_TRUE(lowest) << "pattern " << pattern << " k " << k;
+      std::vector<std::pair<uint32_t, int64_t>> candidates;
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t key = math::magnitude_key(u[i]);
+        if (key >= *lowest && static_cast<int64_t>(candidates.size()) <= candidate_cap(k)) candidates.emplace_back(key, i);
+      }
+      std::vector<int64_t> got;
+      const bool decides = select_from_candidates(candidates, k, got);
+      const auto count = static_cast<int64_t>(candidates.size());
+      ASSERT_EQ(decides, count >= k && count <= candidate_cap(k)) << "pattern " << pattern << " k " << k;
+      if (decides) {
+        ASSERT_EQ(got, reference_topk(u, k)) << "pattern " << pattern << " k " << k;
+        ++decided;
+      }
+    }
+  }
+  EXPECT_GE(decided, 9);  // the estimate holds for most inputs
+  EXPECT_FALSE(sampled_threshold(nullptr, nullptr, 1000, 10));  // too small to sample
+  std::vector<std::pair<uint32_t, int64_t>> few = {{7, 3}};
+  std::vector<int64_t> got;
+  EXPECT_FALSE(select_from_candidates(few, 2, got));  // fewer than k: the estimate was too high
 }
 
 }  // namespace
