@@ -1,6 +1,11 @@
 #include "codec/selection_codec.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
+
+#include "codec/stc_codec.h"
+#include "codec/topk_codec.h"
 
 namespace gradzip {
 
@@ -32,6 +37,28 @@ SelectionParameters parse_selection(const Spec& spec) {
 int64_t max_selected(const SelectionParameters& selection, int64_t n) {
   const int64_t k = count_for_density(selection.density, n);
   return selection.approx ? std::min(n, 2 * k + 64) : k;
+}
+
+void check_chosen(const std::vector<int64_t>& chosen, int64_t n, int64_t k) {
+  if (static_cast<int64_t>(chosen.size()) != k) {
+    throw std::invalid_argument("gradzip: " + std::to_string(chosen.size()) + " positions were chosen for a selection of " +
+                                std::to_string(k));
+  }
+  int64_t previous = -1;
+  for (const int64_t i : chosen) {
+    if (i <= previous || i >= n) {
+      throw std::invalid_argument("gradzip: chosen position " + std::to_string(i) + " is out of [0, " +
+                                  std::to_string(n) + ") or not ascending");
+    }
+    previous = i;
+  }
+}
+
+const SelectionParameters* exact_selection(const Codec& codec) {
+  const SelectionParameters* selection = nullptr;
+  if (codec.id() == CodecId::kTopK) selection = &topk_parameters(codec).selection;
+  if (codec.id() == CodecId::kStc) selection = &stc_parameters(codec).selection;
+  return selection && !selection->approx ? selection : nullptr;
 }
 
 }  // namespace gradzip

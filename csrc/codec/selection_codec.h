@@ -18,6 +18,14 @@ struct SelectionParameters {
   bool approx = false;
 };
 
+// Throws std::invalid_argument unless `chosen` is k ascending positions in [0, n)
+// (EncodeContext::chosen).
+void check_chosen(const std::vector<int64_t>& chosen, int64_t n, int64_t k);
+
+// The exact selection's parameters of a top-k or STC codec; null for any other codec
+// and where the selection is approximate (approx=1).
+const SelectionParameters* exact_selection(const Codec& codec);
+
 // The most entries a selection codec sends for n elements: k, or with approx = true up
 // to min(n, 2k + 64); an approximate threshold that lets more through is replaced by the
 // exact selection, on the CPU and on the GPU alike.
@@ -43,7 +51,13 @@ class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
     const size_t start = out.size();
     std::vector<int64_t> chosen;
     const int64_t k = count_for_density(selection().density, n);
-    if (selection().approx) {
+    if (ctx.chosen && !selection().approx) {
+      check_chosen(*ctx.chosen, n, k);
+      chosen = *ctx.chosen;
+      if (residual) {
+        for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
+      }
+    } else if (selection().approx) {
       select_topk_approx(x, residual, n, k, chosen);
       // The sampled threshold can let far more than k through: then select exactly from
       // u, which the approximate pass left in `residual` (or is x).

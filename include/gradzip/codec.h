@@ -42,6 +42,12 @@ struct EncodeContext {
   // elements that were not sent.
   std::vector<int64_t>* sent = nullptr;
   int64_t sent_offset = 0;
+  // Non-null: the positions an exact selection codec (top-k, STC without approx) sends,
+  // found by the caller as the codec finds them (the k = ceil(density·n) largest
+  // magnitudes of x + residual, ties to the lower positions), ascending; the codec then
+  // writes them without reading its input to select (std::invalid_argument when they are
+  // not k ascending positions below n). Other codecs ignore it.
+  const std::vector<int64_t>* chosen = nullptr;
 };
 
 // Appends `chosen` (ascending positions in the encoded elements) to ctx.sent, if asked.

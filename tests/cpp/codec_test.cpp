@@ -259,6 +259,44 @@ TEST(CodecTest, StcSendsMeanMagnitudeWithSigns) {
   }
 }
 
+// EncodeContext::chosen: an exact selection codec given the positions it would choose
+// writes the payload and residual its own selection gives, and refuses positions that
+// are not k ascending ones below n.
+TEST(CodecTest, SelectionCodecsTakeTheChosenPositionsTheyWouldChoose) {
+  const int64_t n = 5000;
+  const auto x = random_input(n, 11);
+  const auto old_residual = random_input(n, 12, 0.1f);
+  for (const std::string spec : {"topk:density=0.02", "topk:density=0.02,values=bf16", "stc:density=0.02"}) {
+    const auto codec = make_codec(parse_spec(spec));
+    std::vector<int64_t> sent;
+    EncodeContext reporting;
+    reporting.sent = &sent;
+    std::vector<float> residual = old_residual;
+    std::vector<uint8_t> own;
+    codec->encode(x.data(), n, residual.data(), reporting, own);
+    ASSERT_EQ(static_cast<int64_t>(sent.size()), 100) << spec;
+    EncodeContext given;
+    given.chosen = &sent;
+    std::vector<float> residual_given = old_residual;
+    std::vector<uint8_t> payload;
+    codec->encode(x.data(), n, residual_given.data(), given, payload);
+    EXPECT_EQ(payload, own) << spec;
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(math::float_bits(residual_given[i]), math::float_bits(residual[i])) << spec << " at " << i;
+    }
+    std::vector<int64_t> short_by_one(sent.begin(), sent.end() - 1);
+    std::vector<int64_t> descending(sent.rbegin(), sent.rend());
+    std::vector<int64_t> outside = sent;
+    outside.back() = n;
+    for (const auto* bad : {&short_by_one, &descending, &outside}) {
+      given.chosen = bad;
+      std::vector<float> r = old_residual;
+      std::vector<uint8_t> out;
+      EXPECT_THROW(codec->encode(x.data(), n, r.data(), given, out), std::invalid_argument) << spec;
+    }
+  }
+}
+
 TEST(CodecTest, StcIsAboutATenthOfABitPerElementAtOnePercent) {
   const int64_t n = 1000000;
   const auto payload = encode("stc:density=0.01", random_input(n, 6));
