@@ -61,7 +61,7 @@ class StcCodec final : public SelectionCodec<StcCodec, StcParameters> {
     for (uint64_t start = 0; start < k; start += kScatterChunk) {
       const uint64_t count = std::min(kScatterChunk, k - start);
       for (uint64_t j = 0; j < count; ++j) values[j] = by_bit[(signs[(start + j) / 8] >> ((start + j) % 8)) & 1];
-      for (uint64_t j = 0; j < count; ++j) out[indices[start + j]] += values[j];
+      scatter_add(out, indices + start, values, count, k - start);
     }
   }
 

@@ -90,7 +90,7 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
           std::memcpy(&v, values + 2 * (start + j), 2);
           chunk[j] = scale * from_wire(layout.value_type, v);
         }
-        for (uint64_t j = 0; j < count; ++j) out[indices[start + j]] += chunk[j];
+        scatter_add(out, indices + start, chunk, count, layout.k - start);
       }
       return;
     }
