@@ -14,6 +14,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "work/completed_work.h"
 #include "aggregate/compressed_residuals.h"
@@ -21,6 +23,8 @@
 #include "aggregate/finite_step.h"
 #include "aggregate/layer_adaptation.h"
 #include "aggregate/momentum_correction.h"
+#include "aggregate/residual_selection.h"
+#include "codec/selection_codec.h"
 
 namespace gradzip {
 namespace {
@@ -114,9 +118,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
       offset += piece.numel;
     }
     whole.residual = end_to_end(parts);
+    whole.spare_residual = states_[pieces.front().key].spare_residual;  // kept by the first piece
     if (!velocities.empty()) {
       whole.velocity = end_to_end(velocities);
-      whole.spare_velocity = states_[pieces.front().key].spare_velocity;  // kept by the first piece
+      whole.spare_velocity = states_[pieces.front().key].spare_velocity;  // likewise
     }
     if (!owned_parts.empty()) {
       whole.owner_residual = end_to_end(owned_parts);
@@ -132,7 +137,10 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::allreduce_pieces(std::vector
   const std::string key = pieces.front().key + " (and the rest of its bucket)";
   auto work = run(tensors, opts, transport, stats, key, lock, whole, how, pieces.front().key, std::nullopt);
   lock.lock();
-  if (keep) states_[pieces.front().key].spare_velocity = whole.spare_velocity;
+  if (keep) {
+    states_[pieces.front().key].spare_velocity = whole.spare_velocity;
+    states_[pieces.front().key].spare_residual = whole.spare_residual;
+  }
   int64_t offset = 0;
   for (const auto& piece : pieces) {
     CompressedState& state = states_[piece.key];
@@ -177,20 +185,33 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   // On the host with momentum correction, one pass reads x for everything before the
   // ranks agree: the next velocity into the spare, x's finiteness, x zeroed as the sum.
   const bool spare = momentum_ > 0 && in_place && device.is_cpu();
-  const bool finite_here = spare ? velocity_into_spare(state, call.x, momentum_, key) : true;
+  // Without momentum, an exact selection over one-shot does the same with u = x +
+  // residual and its first pass (residual_selection.h).
+  std::optional<ResidualSelection> selection;
+  if (const SelectionParameters* exact = selects_in_input_pass(tensor, how)) {
+    const int rounds = oneshot_rounds(*how.codec, n, ranks, rounds_for(tensor));
+    std::vector<Chunk> pieces;
+    for (int s = 0; s < rounds; ++s) pieces.push_back(exchange_chunk(n, rounds, s));
+    selection.emplace(state, call.x, exact->density, std::move(pieces), key);
+  }
+  bool finite_here = true;
+  if (spare) finite_here = velocity_into_spare(state, call.x, momentum_, key);
+  if (selection) finite_here = selection->finite();
   lock.unlock();
   if (agree_on_finiteness_ &&
       !(all_finite ? *all_finite
-                   : finite_on_every_rank(spare ? finite_here : locally_finite(call.x), transport, tensor.device()))) {
+                   : finite_on_every_rank(spare || selection ? finite_here : locally_finite(call.x), transport,
+                                          tensor.device()))) {
     tensor.fill_(std::numeric_limits<float>::quiet_NaN());
     return completed_work(tensors);
   }
   lock.lock();
+  if (selection) selection->take(state);
   take_step(state, key, seed_key, opts.reduceOp.op_, *transport, call);
   if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
-  call.sum_zeroed = spare;
+  call.sum_zeroed = spare || selection;
   const bool masking = momentum_ > 0 && how.codec->selects();
   std::vector<int64_t> sent_positions;
   at::Tensor unsent;
@@ -204,7 +225,8 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  const auto codec = how.pieces.empty() ? slot_codec(how.codec, device) : piecewise_codec(how.pieces);
+  std::unique_ptr<SlotCodec> codec = how.pieces.empty() ? slot_codec(how.codec, device) : piecewise_codec(how.pieces);
+  if (selection) codec = selection->encoding_residual(std::move(codec));
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) sum.sign_();

@@ -55,6 +55,8 @@
 
 namespace gradzip {
 
+struct SelectionParameters;  // codec/selection_codec.h
+
 // One tensor's state: its residuals (float32; on the CPU, or on the tensor's GPU when
 // the codec has a device half; undefined until used), its calls and its encodes.
 struct CompressedState {
@@ -69,6 +71,9 @@ struct CompressedState {
   // Momentum correction on the host: the next u, written before the ranks agree to take
   // a step (velocity_into_spare); scratch, not saved.
   at::Tensor spare_velocity;
+  // An exact selection without momentum on the host: u = x + residual, written in the
+  // same pass (aggregate/residual_selection.h); scratch, not saved.
+  at::Tensor spare_residual;
   void save(const std::string& key, std::map<std::string, at::Tensor>& out) const;
   void load(const std::string& field, const at::Tensor& value, const std::string& name);
 };
@@ -80,7 +85,7 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                            const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                            const std::string& key, std::optional<bool> all_finite) override;
-  bool agrees_on_finiteness(const at::Tensor& tensor) const override;
+  bool finiteness_from_caller(const at::Tensor& tensor) const override;
   c10::intrusive_ptr<c10d::Work> allreduce_pieces(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts,
                                                   const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats,
                                                   const std::vector<TensorPiece>& pieces) override;
@@ -126,6 +131,14 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
+  // The exact selection of a call planned `how` that makes its first pass in the pass
+  // over its input before the ranks agree (aggregate/residual_selection.h): a float32
+  // tensor on the host, reduced in place, by one codec (top-k, STC, approx=0) over a flat
+  // one-shot, with error feedback and no momentum; else null.
+  const SelectionParameters* selects_in_input_pass(const at::Tensor& tensor, const Plan& how) const;
+  // Whether a call of `tensor` may read it in such a pass (a plan with another exchange
+  // does not): on the host with momentum correction, or where an exact selection may.
+  bool reads_input_before_agreeing(const at::Tensor& tensor) const;
   // Whether a tensor of pieces is compressed piece by piece (layers=on or adapt): on the CPU.
   bool by_layers(const at::Tensor& tensor) const;
   // Each piece with its codec: `codec` (the call's; null: exact), pieces under

@@ -4,8 +4,7 @@
 
 namespace gradzip {
 
-const ExchangeScheme& oneshot_scheme();   // aggregate/oneshot_exchange.cpp
-const ExchangeScheme& twophase_scheme();  // aggregate/twophase_exchange.cpp
+const ExchangeScheme& twophase_scheme();  // aggregate/twophase_exchange.cpp (one-shot's: exchange.h)
 
 const std::vector<const ExchangeScheme*>& exchange_schemes() {
   static const std::vector<const ExchangeScheme*> schemes = {

@@ -180,7 +180,7 @@ c10::intrusive_ptr<c10d::Work> GradzipBackend::allreduce(std::vector<at::Tensor>
     verify(call);
     return aggregation_->allreduce(tensors, opts, transport, stats_, std::string(), std::nullopt);
   }
-  const at::Tensor finite_input = aggregation_->agrees_on_finiteness(tensors.front()) ? tensors.front() : at::Tensor();
+  const at::Tensor finite_input = aggregation_->finiteness_from_caller(tensors.front()) ? tensors.front() : at::Tensor();
   return aggregate("all_reduce", tensors, call, tensors.front(), finite_input,
                    [this, tensors, opts, transport](const std::string& key, std::optional<bool> all_finite) mutable {
                      return aggregation_->allreduce(tensors, opts, transport, stats_, key, all_finite);

@@ -33,7 +33,7 @@ struct CollectiveCall {
   int64_t root = -1;
   int64_t reduce_op = -1;
   // 1 or 0: whether this rank's input is finite, for an aggregation that must agree on it
-  // (Aggregation::agrees_on_finiteness); it travels with the fingerprint, so that agreeing
+  // (Aggregation::finiteness_from_caller); it travels with the fingerprint, so that agreeing
   // costs no exchange of its own. Not compared: ranks may differ.
   int64_t finite = -1;
   // alltoall only: elements this rank sends to / receives from each rank.

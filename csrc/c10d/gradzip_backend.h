@@ -137,7 +137,7 @@ class GradzipBackend final : public Backend {
   // Runs `run` (an aggregation's call) under the key the call sequence gives `named`:
   // on the worker, in call order (CUDA tensors on its side stream), with errors naming
   // `op`, the key and this rank. The Work's future holds `tensors`. With a defined
-  // `finite_input` (an input the aggregation agrees_on_finiteness() of), the check carries
+  // `finite_input` (an input the aggregation takes finiteness_from_caller() for), the check carries
   // whether it is finite and `run` gets every rank's answer; otherwise nullopt.
   using Aggregate =
       std::function<c10::intrusive_ptr<c10d::Work>(const std::string& key, std::optional<bool> all_finite)>;

@@ -62,7 +62,7 @@ class Aggregation {
   // names the logical tensor whose state (error feedback) this call uses; every
   // rank must pass the same key. The returned Work completes when the result is in
   // place; its future holds the tensor list, as c10d's allreduce does. `all_finite`: for
-  // an aggregation that agrees_on_finiteness(), whether every rank's input is finite, as
+  // a tensor it takes finiteness_from_caller(), whether every rank's input is finite, as
   // the caller already agreed with every rank (each rank's locally_finite(), aggregate/
   // finite_step.h); nullopt: the aggregation agrees on it itself, in an exchange of its own.
   virtual c10::intrusive_ptr<c10d::Work> allreduce(
@@ -70,11 +70,14 @@ class Aggregation {
       const c10::intrusive_ptr<c10d::Backend>& transport, Stats& stats, const std::string& key,
       std::optional<bool> all_finite = std::nullopt) = 0;
 
-  // Whether allreduce() of `tensor` agrees with every rank on whether all inputs are
-  // finite before it touches its state (error feedback must not absorb an Inf). A caller
-  // that exchanges a message per call anyway (the backend's collective check) can carry
-  // each rank's flag in it and pass the answer as `all_finite`, saving an exchange.
-  virtual bool agrees_on_finiteness(const at::Tensor& tensor) const { return false; }
+  // Whether allreduce() of `tensor`, which agrees with every rank on whether all inputs
+  // are finite before it touches its state (error feedback must not absorb an Inf),
+  // takes that answer from a caller that exchanges a message per call anyway (the
+  // backend's collective check): the caller reads its input for its flag, carries it in
+  // that message and passes every rank's answer as `all_finite`, saving an exchange.
+  // False also where the aggregation reads a large input before the agreement anyway and
+  // checks it in that pass (its own exchange of a flag then costs less than a second read).
+  virtual bool finiteness_from_caller(const at::Tensor& tensor) const { return false; }
 
   // The same, for a tensor made of `pieces` (their numels add up to its numel): the
   // state of each piece is kept under the piece's key. Aggregations without per-element

@@ -122,11 +122,14 @@ def test_every_codec_in_rounds(spec, exchange):
         assert stats["bytes_sent"] == 2 * plan[exchange]
 
 
-def test_oneshot_rounds_select_per_piece():
+# 3001: pieces too small to sample, the encoder selects; 120000: pieces of 40000, whose
+# candidates the pass before the agreement collects (aggregate/residual_selection.h).
+@pytest.mark.parametrize("n", [3001, 120000])
+def test_oneshot_rounds_select_per_piece(n):
     """One-shot in three rounds: each rank sends the top ⌈density·m⌉ of each of the three
     pieces of its vector (m elements each, as exchange_chunk cuts them), and every rank
     adds them up in rank order: the bits of that reference, computed with torch.topk."""
-    world, n, density = 3, 3001, 0.05
+    world, density = 3, 0.05
     outs = run_ranks(reduce_steps, world, f"topk:density={density},rounds=3", "oneshot", n, 1)
     expected = torch.zeros(n)
     for r in range(world):
@@ -138,6 +141,43 @@ def test_oneshot_rounds_select_per_piece():
             expected[begin + chosen] += piece[chosen]
     for results, *_ in outs:
         assert torch.equal(results[0], expected)
+
+
+def input_pass_runs(rank, world, spec, n, steps, bad_step):
+    """The same steps through two aggregations: one given float32 tensors, which it
+    reduces in place (an exact selection then makes u = x + residual and collects its
+    candidates in the pass that checks x), the other the same values in bfloat16 (the
+    inputs are made so: exact), which it copies to float32 (the encoder makes u and
+    selects itself). Rank 1 spoils step bad_step."""
+    import gradzip
+    dist.init_process_group("gloo")
+    in_place, copied = gradzip.Aggregation(spec), gradzip.Aggregation(spec)
+    results = []
+    for step in range(steps):
+        x = inputs(rank, step, n).bfloat16().float()
+        if step == bad_step and rank == 1:
+            x[n // 2] = math.inf
+        results.append((in_place(x.clone(), op="sum"), copied(x.bfloat16(), op="sum")))
+    return results, in_place.state_dict()["tensors"], copied.state_dict()["tensors"]
+
+
+@pytest.mark.parametrize("spec", ["topk:density=0.01", "stc:density=0.02,rounds=3",
+                                  "topk:density=0.003,values=fp16,rounds=2", "stc:density=0.05,density_warmup=2"])
+def test_selection_in_the_input_pass_gives_the_encoders_bits(spec):
+    """A bare exact selection over one-shot selects in the pass before the ranks agree on
+    finiteness: the same results and residuals, bit for bit, as the encoder's own passes,
+    a refused step (Inf on one rank) included."""
+    world, n, steps, bad_step = 2, 100_000, 5, 2
+    for rank, (results, in_place, copied) in enumerate(run_ranks(input_pass_runs, world, with_key(
+            spec, "exchange=oneshot"), n, steps, bad_step)):
+        for step, (a, b) in enumerate(results):
+            if step == bad_step:
+                assert torch.isnan(a).all() and torch.isnan(b).all(), f"rank {rank}: the spoiled step went through"
+            else:
+                assert torch.isfinite(a).all() and torch.equal(a.bfloat16(), b), f"rank {rank} step {step}"
+        assert in_place.keys() == copied.keys()
+        for key in in_place:
+            assert torch.equal(in_place[key], copied[key]), f"rank {rank}: {key}"
 
 
 def residual_totals(world, n, states):

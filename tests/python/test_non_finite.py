@@ -101,7 +101,7 @@ def test_codecs_without_state_carry_inf_and_nan_into_the_result(spec, exchange):
         assert all(torch.isfinite(r).all() for r in skipped), f"rank {rank}: a later step is not finite"
 
 
-def backend_runs(rank, world, spec, validate, dtype):
+def backend_runs(rank, world, spec, validate, dtype, n):
     import gradzip
     gradzip.init_process_group("gloo")
     options = gradzip.Options(aggregation=spec, validate=validate)
@@ -109,7 +109,7 @@ def backend_runs(rank, world, spec, validate, dtype):
     clean = dist.new_group(backend="gradzip", pg_options=options)
     results = []
     for step in range(STEPS):
-        x = grad(rank, step).to(dtype)
+        x = grad(rank, step, n).to(dtype)
         if step == BAD_STEP:
             y = spoiled(x, math.inf) if rank == 0 else x.clone()
             dist.all_reduce(y, group=skipped)  # asynchronous on the CPU: wait() is implied by the read
@@ -121,17 +121,24 @@ def backend_runs(rank, world, spec, validate, dtype):
     return results
 
 
-# validate=True: the collective check carries each rank's finiteness flag (one exchange);
-# validate=False: the aggregation agrees on it in an all-reduce of its own.
-@pytest.mark.parametrize("spec, validate, dtype", [
-    ("stc:density=0.05,exchange=twophase", True, torch.float32),
-    ("topk:density=0.05,exchange=oneshot", True, torch.float32),
-    ("sign:exchange=twophase", True, torch.float32),
-    ("stc:density=0.05,exchange=twophase", False, torch.float32),
-    ("topk:density=0.05,exchange=oneshot", True, torch.bfloat16),
-    ("qsgd:bits=4,ef=1", False, torch.float16)])
-def test_backend_all_reduce_skips_the_step_for_error_feedback(spec, validate, dtype):
-    for rank_results in run_ranks(backend_runs, 2, spec, validate, dtype):
+# validate=True: the collective check carries each rank's finiteness flag (one exchange),
+# but for a large float32 tensor whose aggregation checks it in a pass of its own before
+# the agreement (an exact selection over one-shot, momentum correction): that one agrees
+# in an all-reduce of its own, as with validate=False.
+BIG = 1 << 20
+
+
+@pytest.mark.parametrize("spec, validate, dtype, n", [
+    ("stc:density=0.05,exchange=twophase", True, torch.float32, N),
+    ("topk:density=0.05,exchange=oneshot", True, torch.float32, N),
+    ("topk:density=0.01,exchange=oneshot", True, torch.float32, BIG),
+    ("stc:density=0.01,momentum=0.9", True, torch.float32, BIG),
+    ("sign:exchange=twophase", True, torch.float32, N),
+    ("stc:density=0.05,exchange=twophase", False, torch.float32, N),
+    ("topk:density=0.05,exchange=oneshot", True, torch.bfloat16, N),
+    ("qsgd:bits=4,ef=1", False, torch.float16, N)])
+def test_backend_all_reduce_skips_the_step_for_error_feedback(spec, validate, dtype, n):
+    for rank_results in run_ranks(backend_runs, 2, spec, validate, dtype, n):
         for step, (a, b) in enumerate(rank_results):
             assert torch.isfinite(a).all() and torch.equal(a, b), f"step {step}"
 

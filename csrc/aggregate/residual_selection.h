@@ -1,0 +1,63 @@
+// Error feedback's first step and an exact selection's first pass (top-k, STC without
+// momentum), made on the host in one pass over an all-reduce's input before the ranks
+// agree on finiteness; internal to csrc/aggregate. Otherwise a call reads its input three
+// times: a pass that checks it for Inf and NaN, the encoder's pass that makes u = x +
+// residual and collects its candidates, and the exchange's pass that zeroes x as the sum.
+// Here one pass does all three, and the encoder reads none of u to select (it writes the
+// chosen entries and takes what it sends back out of the residual: sparse work).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aggregate/compressed_allreduce.h"
+
+namespace gradzip {
+
+class ResidualSelection {
+ public:
+  // The pass: for a float32 x on the host that is also the sum the exchange writes (in
+  // place), u = x + residual into the state's spare residual (the residual untouched, so
+  // a step the ranks refuse changes no state), x checked for Inf and NaN and zeroed
+  // (ExchangeCall::sum_zeroed), and for each of `pieces` (consecutive, covering x: the
+  // exchange's rounds, each selecting its own k = ceil(density·length)) the candidates
+  // at or above a threshold sampled from it (topk_select.h). u is rounded as the
+  // encoder's own pass rounds it: the same bits. Costs a second residual's memory (4
+  // bytes per element, kept between calls).
+  ResidualSelection(CompressedState& state, const at::Tensor& x, double density, std::vector<Chunk> pieces,
+                    const std::string& key);
+
+  // Whether x held no Inf or NaN.
+  bool finite() const { return finite_; }
+
+  // After the ranks agreed to take the step: the spare becomes the residual, holding u
+  // (the old residual's storage is the next spare).
+  void take(CompressedState& state);
+
+  // `codec` (the call's, on the host, whose exchange cuts x into the pieces above) made to
+  // encode the residual in x's place: encode() ignores x, encodes the residual without
+  // error feedback, at the positions chosen from its piece's candidates where they decide
+  // (EncodeContext::chosen; else the codec selects from u itself), then adds −1 × its own
+  // payload into the residual, leaving fl(u − sent) there: the payload and residual the
+  // codec's encode of (x, the old residual) gives. Valid while this object lives, after
+  // take().
+  std::unique_ptr<SlotCodec> encoding_residual(std::unique_ptr<SlotCodec> codec) const;
+
+  // What the pass found in one piece.
+  struct Piece {
+    Chunk chunk;
+    int64_t k;
+    bool sampled;  // candidates were collected (the piece was large enough to sample)
+    std::vector<std::pair<uint32_t, int64_t>> candidates;  // (key, index in the piece), index order
+  };
+
+ private:
+  std::vector<Piece> pieces_;
+  const float* residual_ = nullptr;  // u's storage, after take()
+  bool finite_ = true;
+};
+
+}  // namespace gradzip
