@@ -24,7 +24,6 @@
 #include "aggregate/layer_adaptation.h"
 #include "aggregate/momentum_correction.h"
 #include "aggregate/residual_selection.h"
-#include "codec/selection_codec.h"
 
 namespace gradzip {
 namespace {
@@ -182,18 +181,17 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   // velocity made from it, before anything is written): no 4n-byte buffer and no pass to
   // copy it back.
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
-  // On the host with momentum correction, one pass reads x for everything before the
-  // ranks agree: the next velocity into the spare, x's finiteness, x zeroed as the sum.
-  const bool spare = momentum_ > 0 && in_place && device.is_cpu();
-  // Without momentum, an exact selection over one-shot does the same with u = x +
-  // residual and its first pass (residual_selection.h).
+  // On the host, one pass reads x for everything before the ranks agree: an exact
+  // selection over one-shot makes u = x + residual there (with momentum correction, from
+  // the next velocity) and collects its candidates (residual_selection.h); otherwise,
+  // with momentum correction, the next velocity goes into the spare; either way x's
+  // finiteness is checked and x zeroed as the sum.
   std::optional<ResidualSelection> selection;
-  if (const SelectionParameters* exact = selects_in_input_pass(tensor, how)) {
-    const int rounds = oneshot_rounds(*how.codec, n, ranks, rounds_for(tensor));
-    std::vector<Chunk> pieces;
-    for (int s = 0; s < rounds; ++s) pieces.push_back(exchange_chunk(n, rounds, s));
-    selection.emplace(state, call.x, exact->density, std::move(pieces), key);
+  if (selects_in_input_pass(tensor, how)) {
+    selection.emplace(state, call.x, momentum_,
+                      ResidualSelection::oneshot_pieces(*how.codec, how.pieces, n, ranks, rounds_for(tensor)), key);
   }
+  const bool spare = !selection && momentum_ > 0 && in_place && device.is_cpu();
   bool finite_here = true;
   if (spare) finite_here = velocity_into_spare(state, call.x, momentum_, key);
   if (selection) finite_here = selection->finite();
@@ -217,6 +215,9 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   at::Tensor unsent;
   if (spare) {
     take_spare_velocity(state, call, masking, sent_positions);
+  } else if (selection && momentum_ > 0) {  // take() made the velocity the spare's
+    call.x = state.velocity;
+    if (masking) call.ctx.sent = &sent_positions;
   } else if (momentum_ > 0) {
     unsent = add_momentum(state, call, momentum_, key, masking, sent_positions);
   }
@@ -225,8 +226,17 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  std::unique_ptr<SlotCodec> codec = how.pieces.empty() ? slot_codec(how.codec, device) : piecewise_codec(how.pieces);
-  if (selection) codec = selection->encoding_residual(std::move(codec));
+  std::unique_ptr<SlotCodec> codec;
+  if (how.pieces.empty()) {
+    codec = slot_codec(how.codec, device);
+    if (selection) codec = selection->encoding_residual(std::move(codec));
+  } else if (selection) {
+    codec = piecewise_codec(how.pieces, [&](std::unique_ptr<SlotCodec> piece) {
+      return selection->encoding_residual(std::move(piece));
+    });
+  } else {
+    codec = piecewise_codec(how.pieces);
+  }
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) sum.sign_();

@@ -55,8 +55,6 @@
 
 namespace gradzip {
 
-struct SelectionParameters;  // codec/selection_codec.h
-
 // One tensor's state: its residuals (float32; on the CPU, or on the tensor's GPU when
 // the codec has a device half; undefined until used), its calls and its encodes.
 struct CompressedState {
@@ -131,11 +129,11 @@ class CompressedAllreduce final : public StatefulAggregation<CompressedState> {
   const std::shared_ptr<const Codec>& codec_for(const CompressedState& state) const;
   Plan plan(const at::Tensor& tensor, c10d::ReduceOp::RedOpType op, const c10d::Backend& transport,
             const CompressedState& state) const;
-  // The exact selection of a call planned `how` that makes its first pass in the pass
-  // over its input before the ranks agree (aggregate/residual_selection.h): a float32
-  // tensor on the host, reduced in place, by one codec (top-k, STC, approx=0) over a flat
-  // one-shot, with error feedback and no momentum; else null.
-  const SelectionParameters* selects_in_input_pass(const at::Tensor& tensor, const Plan& how) const;
+  // Whether a call planned `how` makes its exact selections' first pass in the pass over
+  // its input before the ranks agree (aggregate/residual_selection.h): a float32 tensor
+  // on the host, reduced in place, with error feedback, over a flat one-shot, by a codec
+  // (top-k, STC, approx=0), or by pieces' codecs (layer-aware) of which one is.
+  bool selects_in_input_pass(const at::Tensor& tensor, const Plan& how) const;
   // Whether a call of `tensor` may read it in such a pass (a plan with another exchange
   // does not): on the host with momentum correction, or where an exact selection may.
   bool reads_input_before_agreeing(const at::Tensor& tensor) const;

@@ -121,13 +121,14 @@ bool CompressedAllreduce::reads_input_before_agreeing(const at::Tensor& tensor) 
   return error_feedback_ && exact_selection(*codec_) && (!exchange_ || exchange_ == &oneshot_scheme());
 }
 
-const SelectionParameters* CompressedAllreduce::selects_in_input_pass(const at::Tensor& tensor, const Plan& how) const {
-  if (!(error_feedback_ && momentum_ == 0 && how.codec && how.pieces.empty() &&
-        how.exchange == &oneshot_scheme().exchange() && tensor.is_cpu() && tensor.scalar_type() == at::kFloat &&
-        tensor.is_contiguous() && codec_device(*how.codec, tensor).is_cpu())) {
-    return nullptr;
+bool CompressedAllreduce::selects_in_input_pass(const at::Tensor& tensor, const Plan& how) const {
+  if (!(error_feedback_ && how.codec && how.exchange == &oneshot_scheme().exchange() && tensor.is_cpu() &&
+        tensor.scalar_type() == at::kFloat && tensor.is_contiguous())) {
+    return false;
   }
-  return exact_selection(*how.codec);
+  if (how.pieces.empty()) return exact_selection(*how.codec) != nullptr;
+  return std::any_of(how.pieces.begin(), how.pieces.end(),
+                     [](const CodecPiece& piece) { return exact_selection(*piece.codec) != nullptr; });
 }
 
 CompressedAllreduce::ExactPlan CompressedAllreduce::reduce_scatter_exact(const at::Tensor& input,

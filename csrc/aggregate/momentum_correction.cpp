@@ -17,9 +17,7 @@
 #include "codec/element_math.cuh"
 
 namespace gradzip {
-namespace {
 
-// The state's velocity for an n-element x: zeros at first, on x's device.
 void velocity_for(CompressedState& state, const at::Tensor& x, const std::string& key) {
   const int64_t n = x.numel();
   if (!state.velocity.defined()) state.velocity = at::zeros({n}, x.options());
@@ -27,6 +25,8 @@ void velocity_for(CompressedState& state, const at::Tensor& x, const std::string
               state.velocity.numel(), " elements, the tensor ", n);
   if (state.velocity.device() != x.device()) state.velocity = state.velocity.to(x.device());
 }
+
+namespace {
 
 // velocity_into_spare's pass: w = u·m + x (mul then add, no FMA), x checked and zeroed.
 // Returns true when some x was Inf or NaN (the only floats whose exponent is all ones).

@@ -10,6 +10,9 @@
 
 namespace gradzip {
 
+// The state's velocity for an n-element x: zeros at first, on x's device.
+void velocity_for(CompressedState& state, const at::Tensor& x, const std::string& key);
+
 // Momentum correction, before the encode: u ← m·u + x becomes what is encoded. With
 // `masking` (selection codecs) the velocity is zeroed where the encode sends something
 // (factor masking, mask_momentum): on the host the encoders report those positions into

@@ -5,18 +5,21 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <utility>
 
 namespace gradzip {
 namespace {
 
 class PiecewiseSlotCodec final : public SlotCodec {
  public:
-  explicit PiecewiseSlotCodec(std::vector<CodecPiece> pieces) {
+  PiecewiseSlotCodec(std::vector<CodecPiece> pieces, PieceCodecWrap wrap) : wrap_(std::move(wrap)) {
     TORCH_CHECK(!pieces.empty(), "gradzip: a piecewise codec needs at least one piece");
     for (auto& piece : pieces) {
       TORCH_CHECK(piece.numel > 0 && piece.codec, "gradzip: a piece needs elements and a codec");
+      std::unique_ptr<SlotCodec> codec = slot_codec(piece.codec, at::kCPU);
+      if (wrap_) codec = wrap_(std::move(codec));
       parts_.push_back({numel_, piece.numel, bytes_, gradzip::slot_bytes(*piece.codec, piece.numel),
-                        slot_codec(piece.codec, at::kCPU), piece.codec});
+                        std::move(codec), piece.codec});
       numel_ += piece.numel;
       bytes_ += parts_.back().slot_bytes;
     }
@@ -39,7 +42,7 @@ class PiecewiseSlotCodec final : public SlotCodec {
       const int64_t to = std::min(begin + length, p.offset + p.numel);
       if (from < to) cut.push_back({to - from, p.codec_of_piece});
     }
-    return std::make_unique<PiecewiseSlotCodec>(std::move(cut));
+    return std::make_unique<PiecewiseSlotCodec>(std::move(cut), wrap_);
   }
 
   // Piece i is encoded under piece_context(ctx, i), its sent positions reported at its
@@ -134,6 +137,7 @@ class PiecewiseSlotCodec final : public SlotCodec {
     return slots.narrow(0, p.slot_offset, slots.numel() - p.slot_offset);
   }
 
+  PieceCodecWrap wrap_;
   std::vector<Part> parts_;
   int64_t numel_ = 0;
   int64_t bytes_ = 0;
@@ -147,8 +151,8 @@ EncodeContext piece_context(const EncodeContext& ctx, size_t piece) {
   return of_piece;
 }
 
-std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces) {
-  return std::make_unique<PiecewiseSlotCodec>(std::move(pieces));
+std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces, PieceCodecWrap wrap) {
+  return std::make_unique<PiecewiseSlotCodec>(std::move(pieces), std::move(wrap));
 }
 
 }  // namespace gradzip

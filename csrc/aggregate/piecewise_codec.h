@@ -8,6 +8,7 @@
 // chunks, a hierarchical exchange's shards) take part() of each cut: the pieces cut to it.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -30,7 +31,11 @@ constexpr int64_t kSmallPiece = 1024;
 // so that pieces draw independent numbers.
 EncodeContext piece_context(const EncodeContext& ctx, size_t piece);
 
-// The piecewise codec of a tensor that is `pieces` end to end (at least one).
-std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces);
+// Made of each piece's host codec (a part() of the piecewise codec wraps its pieces' again).
+using PieceCodecWrap = std::function<std::unique_ptr<SlotCodec>(std::unique_ptr<SlotCodec>)>;
+
+// The piecewise codec of a tensor that is `pieces` end to end (at least one); with
+// `wrap`, each piece's codec is wrap(its host codec) (aggregate/residual_selection.h).
+std::unique_ptr<SlotCodec> piecewise_codec(std::vector<CodecPiece> pieces, PieceCodecWrap wrap = nullptr);
 
 }  // namespace gradzip

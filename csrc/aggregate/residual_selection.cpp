@@ -7,9 +7,11 @@
 #include <optional>
 
 #include "aggregate/compressed_residuals.h"
+#include "aggregate/momentum_correction.h"
 #include "codec/codec_record.h"
 #include "codec/cpu_features.h"
 #include "codec/element_math.cuh"
+#include "codec/selection_codec.h"
 #include "codec/topk_select.h"
 
 namespace gradzip {
@@ -29,18 +31,33 @@ struct Collector {
   }
 };
 
-// The pass over elements [begin, end): u = r + x (as the encoder's residual[i] += x[i]
-// rounds), written to w; x zeroed; keys at or above `lowest` collected (kCollect).
-// Returns true when some x was Inf or NaN (the only floats whose exponent is all ones).
-template <bool kCollect>
-bool pass_scalar(const float* r, float* x, float* w, int64_t begin, int64_t end, Collector* collector,
-                 uint32_t lowest) {
+// The pass over elements [begin, end): with a velocity (kMomentum), v' = v·m + x into
+// sv (mul then add, no FMA, as add_momentum) and u = r + v'; else u = r + x (as the
+// encoder's residual[i] += x[i] rounds); u written to w; x zeroed; keys at or above
+// `lowest` collected (kCollect). Returns true when some x was Inf or NaN (the only floats
+// whose exponent is all ones).
+struct Rows {
+  const float* r;
+  float* x;
+  float* w;
+  const float* v;  // with momentum
+  float* sv;
+  float m;
+};
+
+template <bool kMomentum, bool kCollect>
+bool pass_scalar(const Rows& a, int64_t begin, int64_t end, Collector* collector, uint32_t lowest) {
   uint32_t bad = 0;
   for (int64_t i = begin; i < end; ++i) {
-    bad |= math::non_finite_bit(x[i]);
-    const float u = r[i] + x[i];
-    w[i] = u;
-    x[i] = 0.0f;
+    bad |= math::non_finite_bit(a.x[i]);
+    float added = a.x[i];
+    if constexpr (kMomentum) {
+      added = a.v[i] * a.m + a.x[i];
+      a.sv[i] = added;
+    }
+    const float u = a.r[i] + added;
+    a.w[i] = u;
+    a.x[i] = 0.0f;
     if constexpr (kCollect) {
       const uint32_t key = math::magnitude_key(u);
       if (key >= lowest) collector->take(key, i);
@@ -49,37 +66,53 @@ bool pass_scalar(const float* r, float* x, float* w, int64_t begin, int64_t end,
   return bad != 0;
 }
 
-// Above this many bytes u is written past the caches (streaming stores): the encoder
-// reads back only the entries it sends, and streaming skips reading the spare's old
-// lines in before writing them.
+// Above this many bytes u (and v') is written past the caches (streaming stores): the
+// encoder reads back only the entries it sends, and streaming skips reading the spares'
+// old lines in before writing them.
 constexpr int64_t kStreamBytes = int64_t{8} << 20;
 
-template <bool kStream, bool kCollect>
-__attribute__((target("avx2"))) bool pass_avx2(const float* r, float* x, float* w, int64_t begin, int64_t end,
-                                               Collector* collector, uint32_t lowest) {
+template <bool kStream>
+__attribute__((target("avx2"))) inline void store(float* at, __m256 v) {
+  if constexpr (kStream) {
+    _mm256_stream_ps(at, v);
+  } else {
+    _mm256_storeu_ps(at, v);
+  }
+}
+
+template <bool kStream, bool kMomentum, bool kCollect>
+__attribute__((target("avx2"))) bool pass_avx2(const Rows& a, int64_t begin, int64_t end, Collector* collector,
+                                               uint32_t lowest) {
   int64_t i = begin;
   bool bad = false;
-  if constexpr (kStream) {  // streaming stores take 32-byte aligned addresses
-    i = std::min(end, begin + static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(w + begin) % 32) % 32) / 4);
-    bad = pass_scalar<kCollect>(r, x, w, begin, i, collector, lowest);
+  if constexpr (kStream) {  // streaming stores take 32-byte aligned addresses (the spares share their alignment)
+    i = std::min(end, begin + static_cast<int64_t>((32 - reinterpret_cast<uintptr_t>(a.w + begin) % 32) % 32) / 4);
+    if constexpr (kMomentum) {
+      if (reinterpret_cast<uintptr_t>(a.w) % 32 != reinterpret_cast<uintptr_t>(a.sv) % 32) {
+        return pass_avx2<false, kMomentum, kCollect>(a, begin, end, collector, lowest);
+      }
+    }
+    bad = pass_scalar<kMomentum, kCollect>(a, begin, i, collector, lowest);
   }
   const __m256 zero = _mm256_setzero_ps();
+  const __m256 factor = _mm256_set1_ps(a.m);
   const __m256i exponent = _mm256_set1_epi32(0x7F800000);
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   // Keys are below 2^31, so a signed compare with lowest − 1 (−1 when lowest is 0) is key >= lowest.
   const __m256i below = _mm256_set1_epi32(static_cast<int32_t>(lowest - 1u));
   __m256i bad_lanes = _mm256_setzero_si256();
   for (; i + 8 <= end; i += 8) {
-    const __m256 xs = _mm256_loadu_ps(x + i);
+    const __m256 xs = _mm256_loadu_ps(a.x + i);
     bad_lanes = _mm256_or_si256(bad_lanes,
                                 _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(xs), exponent), exponent));
-    const __m256 u = _mm256_add_ps(_mm256_loadu_ps(r + i), xs);
-    if constexpr (kStream) {
-      _mm256_stream_ps(w + i, u);
-    } else {
-      _mm256_storeu_ps(w + i, u);
+    __m256 added = xs;
+    if constexpr (kMomentum) {
+      added = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(a.v + i), factor), xs);
+      store<kStream>(a.sv + i, added);
     }
-    _mm256_storeu_ps(x + i, zero);
+    const __m256 u = _mm256_add_ps(_mm256_loadu_ps(a.r + i), added);
+    store<kStream>(a.w + i, u);
+    _mm256_storeu_ps(a.x + i, zero);
     if constexpr (kCollect) {
       const __m256i key = _mm256_and_si256(_mm256_castps_si256(u), magnitude);
       auto hits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, below))));
@@ -96,15 +129,21 @@ __attribute__((target("avx2"))) bool pass_avx2(const float* r, float* x, float* 
   }
   if constexpr (kStream) _mm_sfence();
   bad = bad || !_mm256_testz_si256(bad_lanes, bad_lanes);
-  return pass_scalar<kCollect>(r, x, w, i, end, collector, lowest) || bad;
+  return pass_scalar<kMomentum, kCollect>(a, i, end, collector, lowest) || bad;
+}
+
+template <bool kMomentum, bool kCollect>
+bool pass(const Rows& a, const Chunk& c, bool stream, Collector* collector, uint32_t lowest) {
+  const int64_t end = c.begin + c.length;
+  if (!kHasAvx2) return pass_scalar<kMomentum, kCollect>(a, c.begin, end, collector, lowest);
+  return stream ? pass_avx2<true, kMomentum, kCollect>(a, c.begin, end, collector, lowest)
+                : pass_avx2<false, kMomentum, kCollect>(a, c.begin, end, collector, lowest);
 }
 
 template <bool kCollect>
-bool pass(const float* r, float* x, float* w, const Chunk& c, bool stream, Collector* collector, uint32_t lowest) {
-  const int64_t end = c.begin + c.length;
-  if (!kHasAvx2) return pass_scalar<kCollect>(r, x, w, c.begin, end, collector, lowest);
-  return stream ? pass_avx2<true, kCollect>(r, x, w, c.begin, end, collector, lowest)
-                : pass_avx2<false, kCollect>(r, x, w, c.begin, end, collector, lowest);
+bool pass(const Rows& a, const Chunk& c, bool stream, Collector* collector, uint32_t lowest) {
+  return a.v ? pass<true, kCollect>(a, c, stream, collector, lowest)
+             : pass<false, kCollect>(a, c, stream, collector, lowest);
 }
 
 // The call's codec encoding the residual (ResidualSelection::encoding_residual). A piece
@@ -155,40 +194,83 @@ class ResidualEncodingSlotCodec final : public SlotCodec {
 
 }  // namespace
 
-ResidualSelection::ResidualSelection(CompressedState& state, const at::Tensor& x, double density,
-                                     std::vector<Chunk> pieces, const std::string& key) {
+ResidualSelection::ResidualSelection(CompressedState& state, const at::Tensor& x, double momentum,
+                                     std::vector<EncodePiece> pieces, const std::string& key)
+    : momentum_(momentum > 0) {
   const int64_t n = x.numel();
+  TORCH_INTERNAL_ASSERT(x.is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat);
+  const auto spare_of = [&](at::Tensor& spare) {
+    if (!spare.defined() || spare.numel() != n) spare = at::empty({n}, x.options());
+    return spare.data_ptr<float>();
+  };
   at::Tensor& residual = residual_on(state, x.device(), n, key);
   if (!residual.is_contiguous()) residual = residual.contiguous();  // as loaded
-  if (!state.spare_residual.defined() || state.spare_residual.numel() != n) {
-    state.spare_residual = at::empty({n}, x.options());
+  Rows rows{residual.data_ptr<float>(), x.data_ptr<float>(), spare_of(state.spare_residual), nullptr, nullptr,
+            static_cast<float>(momentum)};
+  if (momentum_) {
+    velocity_for(state, x, key);
+    if (!state.velocity.is_contiguous()) state.velocity = state.velocity.contiguous();  // as loaded
+    rows.v = state.velocity.data_ptr<float>();
+    rows.sv = spare_of(state.spare_velocity);
   }
-  TORCH_INTERNAL_ASSERT(x.is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat &&
-                        residual.scalar_type() == at::kFloat && state.spare_residual.is_contiguous());
-  const float* r = residual.data_ptr<float>();
-  float* in = x.data_ptr<float>();
-  float* w = state.spare_residual.data_ptr<float>();
   const bool stream = n * 4 >= kStreamBytes;
   bool bad = false;
-  for (const Chunk& chunk : pieces) {
-    Piece piece{chunk, count_for_density(density, chunk.length), false, {}};
-    const std::optional<uint32_t> lowest = sampled_threshold(in + chunk.begin, r + chunk.begin, chunk.length, piece.k);
+  for (const EncodePiece& encode : pieces) {
+    const Chunk& chunk = encode.chunk;
+    Piece piece{chunk, encode.density > 0 ? count_for_density(encode.density, chunk.length) : 0, false, {}};
+    // The sample reads u as the pass will make it, rounded the same way.
+    std::optional<uint32_t> lowest;
+    if (encode.density > 0) {
+      lowest = sampled_threshold_of(chunk.length, piece.k, [&](int64_t i) {
+        const int64_t j = chunk.begin + i;
+        const float added = rows.v ? rows.v[j] * rows.m + rows.x[j] : rows.x[j];
+        return math::magnitude_key(rows.r[j] + added);
+      });
+    }
     if (lowest) {
       piece.sampled = true;
       const auto cap = static_cast<size_t>(candidate_cap(piece.k));
       piece.candidates.reserve(std::min<size_t>(cap, static_cast<size_t>(2 * piece.k + 1024)));
       Collector collector{piece.candidates, cap, chunk.begin};
-      bad = pass<true>(r, in, w, chunk, stream, &collector, *lowest) || bad;
+      bad = pass<true>(rows, chunk, stream, &collector, *lowest) || bad;
     } else {
-      bad = pass<false>(r, in, w, chunk, stream, nullptr, 0) || bad;
+      bad = pass<false>(rows, chunk, stream, nullptr, 0) || bad;
     }
     pieces_.push_back(std::move(piece));
   }
   finite_ = !bad;
 }
 
+std::vector<ResidualSelection::EncodePiece> ResidualSelection::oneshot_pieces(const Codec& codec,
+                                                                             const std::vector<CodecPiece>& layers,
+                                                                             int64_t n, int ranks,
+                                                                             int64_t rounds_requested) {
+  const auto density = [](const Codec& of) {
+    const SelectionParameters* exact = exact_selection(of);
+    return exact ? exact->density : 0.0;
+  };
+  const int rounds = oneshot_rounds(codec, n, ranks, rounds_requested);
+  std::vector<EncodePiece> pieces;
+  for (int s = 0; s < rounds; ++s) {
+    const Chunk round = exchange_chunk(n, rounds, s);
+    if (layers.empty()) {
+      pieces.push_back({round, density(codec)});
+      continue;
+    }
+    int64_t offset = 0;  // a piecewise codec's part() cuts the round at its pieces
+    for (const CodecPiece& layer : layers) {
+      const int64_t from = std::max(round.begin, offset);
+      const int64_t to = std::min(round.begin + round.length, offset + layer.numel);
+      if (from < to) pieces.push_back({{from, to - from}, density(*layer.codec)});
+      offset += layer.numel;
+    }
+  }
+  return pieces;
+}
+
 void ResidualSelection::take(CompressedState& state) {
   std::swap(state.residual, state.spare_residual);
+  if (momentum_) std::swap(state.velocity, state.spare_velocity);
   residual_ = state.residual.data_ptr<float>();
 }
 

@@ -225,25 +225,6 @@ bool select_in_one_pass(const float* x, float* residual, int64_t n, int64_t k, s
 
 }  // namespace
 
-std::optional<uint32_t> sampled_threshold(const float* x, const float* residual, int64_t n, int64_t k) {
-  constexpr int kBlocks = 16;
-  const int64_t per_block = std::max<int64_t>(256, n / 100 / kBlocks);
-  if (k <= 0 || k >= n || per_block * kBlocks * 8 > n) return std::nullopt;  // too small to gain from sampling
-  std::vector<uint32_t> sample;
-  sample.reserve(per_block * kBlocks);
-  for (int b = 0; b < kBlocks; ++b) {
-    const int64_t start = (n - per_block) * b / (kBlocks - 1);
-    for (int64_t i = start; i < start + per_block; ++i) {
-      sample.push_back(math::magnitude_key(residual ? residual[i] + x[i] : x[i]));  // = u_i, as the pass makes it
-    }
-  }
-  const double expected = static_cast<double>(k) * static_cast<double>(sample.size()) / static_cast<double>(n);
-  const int64_t rank = static_cast<int64_t>(expected * 1.5 + 4.0 * std::sqrt(expected) + 8.0);
-  if (rank >= static_cast<int64_t>(sample.size())) return std::nullopt;
-  std::nth_element(sample.begin(), sample.begin() + (rank - 1), sample.end(), std::greater<>());
-  return sample[rank - 1];
-}
-
 int64_t candidate_cap(int64_t k) { return 4 * k + 4096; }
 
 bool select_from_candidates(const std::vector<std::pair<uint32_t, int64_t>>& candidates, int64_t k,

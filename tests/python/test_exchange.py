@@ -143,33 +143,53 @@ def test_oneshot_rounds_select_per_piece(n):
         assert torch.equal(results[0], expected)
 
 
-def input_pass_runs(rank, world, spec, n, steps, bad_step):
+def input_pass_runs(rank, world, spec, layout, steps, bad_step):
     """The same steps through two aggregations: one given float32 tensors, which it
-    reduces in place (an exact selection then makes u = x + residual and collects its
-    candidates in the pass that checks x), the other the same values in bfloat16 (the
-    inputs are made so: exact), which it copies to float32 (the encoder makes u and
-    selects itself). Rank 1 spoils step bad_step."""
+    reduces in place (an exact selection then makes u = x + residual, with momentum
+    correction from the next velocity, and collects its candidates in the pass that
+    checks x), the other the same values in bfloat16 (the inputs are made so: exact),
+    which it copies to float32 (the encoder makes u and selects itself). A layout of
+    several pieces goes as one bucket of them (the DDP hook's door). Rank 1 spoils step
+    bad_step."""
     import gradzip
+    from gradzip._transport import transport_of
     dist.init_process_group("gloo")
-    in_place, copied = gradzip.Aggregation(spec), gradzip.Aggregation(spec)
+    transport = transport_of(None, torch.device("cpu"))
+    in_place, copied = gradzip._C.Aggregation(gradzip.Spec(spec)), gradzip._C.Aggregation(gradzip.Spec(spec))
+    n = sum(size for _, size in layout)
+
+    def reduce(aggregation, x):
+        if len(layout) == 1:
+            aggregation.allreduce(x, "tensor", dist.ReduceOp.SUM, transport)
+        else:
+            aggregation.allreduce_pieces(x, layout, dist.ReduceOp.SUM, transport)
+        return x
+
     results = []
     for step in range(steps):
         x = inputs(rank, step, n).bfloat16().float()
         if step == bad_step and rank == 1:
             x[n // 2] = math.inf
-        results.append((in_place(x.clone(), op="sum"), copied(x.bfloat16(), op="sum")))
-    return results, in_place.state_dict()["tensors"], copied.state_dict()["tensors"]
+        results.append((reduce(in_place, x.clone()), reduce(copied, x.bfloat16())))
+    return results, in_place.state_dict(), copied.state_dict()
 
 
-@pytest.mark.parametrize("spec", ["topk:density=0.01", "stc:density=0.02,rounds=3",
-                                  "topk:density=0.003,values=fp16,rounds=2", "stc:density=0.05,density_warmup=2"])
-def test_selection_in_the_input_pass_gives_the_encoders_bits(spec):
-    """A bare exact selection over one-shot selects in the pass before the ranks agree on
-    finiteness: the same results and residuals, bit for bit, as the encoder's own passes,
-    a refused step (Inf on one rank) included."""
-    world, n, steps, bad_step = 2, 100_000, 5, 2
+ONE = [("tensor", 100_000)]
+LAYERS = [("w", 60_000), ("bias", 500), ("v", 45_000)]
+
+
+@pytest.mark.parametrize("spec, layout", [
+    ("topk:density=0.01", ONE), ("stc:density=0.02,rounds=3", ONE), ("topk:density=0.003,values=fp16,rounds=2", ONE),
+    ("stc:density=0.05,density_warmup=2", ONE), ("stc:density=0.02,momentum=0.9", ONE),
+    ("topk:density=0.01,momentum=0.9,rounds=3", ONE), ("topk:density=0.01,layers=on", LAYERS),
+    ("stc:density=0.02,layers=adapt,adapt_every=2,momentum=0.9,rounds=2", LAYERS)])
+def test_selection_in_the_input_pass_gives_the_encoders_bits(spec, layout):
+    """An exact selection over one-shot selects in the pass before the ranks agree on
+    finiteness: the same results, residuals and velocities, bit for bit, as the encoder's
+    own passes, a refused step (Inf on one rank) included."""
+    world, steps, bad_step = 2, 5, 2
     for rank, (results, in_place, copied) in enumerate(run_ranks(input_pass_runs, world, with_key(
-            spec, "exchange=oneshot"), n, steps, bad_step)):
+            spec, "exchange=oneshot"), layout, steps, bad_step)):
         for step, (a, b) in enumerate(results):
             if step == bad_step:
                 assert torch.isnan(a).all() and torch.isnan(b).all(), f"rank {rank}: the spoiled step went through"
