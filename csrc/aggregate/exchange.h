@@ -47,8 +47,9 @@ struct ExchangeScheme {
 };
 // Every scheme, in the order auto breaks ties in.
 const std::vector<const ExchangeScheme*>& exchange_schemes();
-// One-shot's record (aggregate/oneshot_exchange.cpp).
+// Each scheme's record (aggregate/oneshot_exchange.cpp, aggregate/twophase_exchange.cpp).
 const ExchangeScheme& oneshot_scheme();
+const ExchangeScheme& twophase_scheme();
 // The scheme of a name; null when there is none.
 const ExchangeScheme* find_exchange_scheme(const std::string& name);
 

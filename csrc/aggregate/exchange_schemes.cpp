@@ -1,10 +1,8 @@
 // The exchange schemes: one line per scheme. A new scheme is its own file (its Exchange
-// and its record) and one line here.
+// and its record, declared in exchange.h) and one line here.
 #include "aggregate/exchange.h"
 
 namespace gradzip {
-
-const ExchangeScheme& twophase_scheme();  // aggregate/twophase_exchange.cpp (one-shot's: exchange.h)
 
 const std::vector<const ExchangeScheme*>& exchange_schemes() {
   static const std::vector<const ExchangeScheme*> schemes = {
