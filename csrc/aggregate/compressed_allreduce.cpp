@@ -191,10 +191,13 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
     selection.emplace(state, call.x, momentum_,
                       ResidualSelection::oneshot_pieces(*how.codec, how.pieces, n, ranks, rounds_for(tensor)), key);
   }
-  const bool spare = !selection && momentum_ > 0 && in_place && device.is_cpu();
+  const bool spare = momentum_ > 0 && in_place && device.is_cpu();  // the next velocity is in the spare
   bool finite_here = true;
-  if (spare) finite_here = velocity_into_spare(state, call.x, momentum_, key);
-  if (selection) finite_here = selection->finite();
+  if (selection) {
+    finite_here = selection->finite();
+  } else if (spare) {
+    finite_here = velocity_into_spare(state, call.x, momentum_, key);
+  }
   lock.unlock();
   if (agree_on_finiteness_ &&
       !(all_finite ? *all_finite
@@ -215,9 +218,6 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   at::Tensor unsent;
   if (spare) {
     take_spare_velocity(state, call, masking, sent_positions);
-  } else if (selection && momentum_ > 0) {  // take() made the velocity the spare's
-    call.x = state.velocity;
-    if (masking) call.ctx.sent = &sent_positions;
   } else if (momentum_ > 0) {
     unsent = add_momentum(state, call, momentum_, key, masking, sent_positions);
   }
@@ -226,17 +226,13 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
 
   const c10::OptionalDeviceGuard guard(device.is_cuda() ? std::optional<at::Device>(device) : std::nullopt);
   at::Tensor sum = in_place ? tensor.view({n}) : at::empty({n}, at::dtype(at::kFloat).device(device));
-  std::unique_ptr<SlotCodec> codec;
-  if (how.pieces.empty()) {
-    codec = slot_codec(how.codec, device);
-    if (selection) codec = selection->encoding_residual(std::move(codec));
-  } else if (selection) {
-    codec = piecewise_codec(how.pieces, [&](std::unique_ptr<SlotCodec> piece) {
-      return selection->encoding_residual(std::move(piece));
-    });
-  } else {
-    codec = piecewise_codec(how.pieces);
+  PieceCodecWrap encoding_residual;  // with a selection made in the input pass, each codec encodes u
+  if (selection) {
+    encoding_residual = [&](std::unique_ptr<SlotCodec> c) { return selection->encoding_residual(std::move(c)); };
   }
+  std::unique_ptr<SlotCodec> codec = how.pieces.empty() ? slot_codec(how.codec, device)
+                                                        : piecewise_codec(how.pieces, encoding_residual);
+  if (selection && how.pieces.empty()) codec = encoding_residual(std::move(codec));
   const int64_t sent = how.exchange->allreduce(*codec, *how.codec, call, sum, transport);
   if (masking) mask_momentum(state, call, unsent, sent_positions);
   if (majority_) sum.sign_();

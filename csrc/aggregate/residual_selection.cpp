@@ -196,7 +196,7 @@ class ResidualEncodingSlotCodec final : public SlotCodec {
 
 ResidualSelection::ResidualSelection(CompressedState& state, const at::Tensor& x, double momentum,
                                      std::vector<EncodePiece> pieces, const std::string& key)
-    : momentum_(momentum > 0) {
+{
   const int64_t n = x.numel();
   TORCH_INTERNAL_ASSERT(x.is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat);
   const auto spare_of = [&](at::Tensor& spare) {
@@ -207,7 +207,7 @@ ResidualSelection::ResidualSelection(CompressedState& state, const at::Tensor& x
   if (!residual.is_contiguous()) residual = residual.contiguous();  // as loaded
   Rows rows{residual.data_ptr<float>(), x.data_ptr<float>(), spare_of(state.spare_residual), nullptr, nullptr,
             static_cast<float>(momentum)};
-  if (momentum_) {
+  if (momentum > 0) {
     velocity_for(state, x, key);
     if (!state.velocity.is_contiguous()) state.velocity = state.velocity.contiguous();  // as loaded
     rows.v = state.velocity.data_ptr<float>();
@@ -270,7 +270,6 @@ std::vector<ResidualSelection::EncodePiece> ResidualSelection::oneshot_pieces(co
 
 void ResidualSelection::take(CompressedState& state) {
   std::swap(state.residual, state.spare_residual);
-  if (momentum_) std::swap(state.velocity, state.spare_velocity);
   residual_ = state.residual.data_ptr<float>();
 }
 

@@ -49,8 +49,9 @@ class ResidualSelection {
   // Whether x held no Inf or NaN.
   bool finite() const { return finite_; }
 
-  // After the ranks agreed to take the step: the spares become the residual, holding u,
-  // and the velocity (the old ones' storage is the next spares).
+  // After the ranks agreed to take the step: the spare residual becomes the residual,
+  // holding u (the old one's storage is the next spare). The spare velocity, as the
+  // momentum pass leaves it, is taken by take_spare_velocity (momentum_correction.h).
   void take(CompressedState& state);
 
   // `codec` (a host codec of one of the pieces above, or of a round that is one) made to
@@ -73,7 +74,6 @@ class ResidualSelection {
  private:
   std::vector<Piece> pieces_;
   const float* residual_ = nullptr;  // u's storage, after take()
-  bool momentum_ = false;
   bool finite_ = true;
 };
 

@@ -49,24 +49,27 @@ class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
   void encode(const float* x, int64_t n, float* residual, const EncodeContext& ctx,
               std::vector<uint8_t>& out) const final {
     const size_t start = out.size();
-    std::vector<int64_t> chosen;
+    std::vector<int64_t> selected;
+    const std::vector<int64_t>* chosen = &selected;
     const int64_t k = count_for_density(selection().density, n);
     if (ctx.chosen && !selection().approx) {
       check_chosen(*ctx.chosen, n, k);
-      chosen = *ctx.chosen;
+      chosen = ctx.chosen;
       if (residual) {
         for (int64_t i = 0; i < n; ++i) residual[i] += x[i];
       }
     } else if (selection().approx) {
-      select_topk_approx(x, residual, n, k, chosen);
+      select_topk_approx(x, residual, n, k, selected);
       // The sampled threshold can let far more than k through: then select exactly from
       // u, which the approximate pass left in `residual` (or is x).
-      if (static_cast<int64_t>(chosen.size()) > max_selected(selection(), n)) select_topk(residual ? residual : x, nullptr, n, k, chosen);
+      if (static_cast<int64_t>(selected.size()) > max_selected(selection(), n)) {
+        select_topk(residual ? residual : x, nullptr, n, k, selected);
+      }
     } else {
-      select_topk(x, residual, n, k, chosen);
+      select_topk(x, residual, n, k, selected);
     }
-    write(residual ? residual : x, n, chosen, out);
-    report_sent(ctx, chosen);
+    write(residual ? residual : x, n, *chosen, out);
+    report_sent(ctx, *chosen);
     if (residual) decode_add(out.data() + start, out.size() - start, residual, n, -1.0f);  // sent entries only
   }
 
