@@ -183,9 +183,9 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   const bool in_place = tensor.device() == device && tensor.scalar_type() == at::kFloat && tensor.is_contiguous();
   // On the host, one pass reads x for everything before the ranks agree: an exact
   // selection over one-shot makes u = x + residual there (with momentum correction, from
-  // the next velocity) and collects its candidates (residual_selection.h); otherwise,
-  // with momentum correction, the next velocity goes into the spare; either way x's
-  // finiteness is checked and x zeroed as the sum.
+  // the next velocity) and collects its candidates (residual_selection.h), and the decode
+  // then writes the sum over x; otherwise, with momentum correction, the next velocity
+  // goes into the spare and x is zeroed as the sum. Either way x's finiteness is checked.
   std::optional<ResidualSelection> selection;
   if (selects_in_input_pass(tensor, how)) {
     selection.emplace(state, call.x, momentum_,
@@ -212,7 +212,7 @@ c10::intrusive_ptr<c10d::Work> CompressedAllreduce::run(std::vector<at::Tensor>&
   if (error_feedback_ && how.owned.length > 0) call.owner_residual = state.owner_residual;
   call.transport_device = tensor.device();
   call.rounds = rounds_for(tensor);
-  call.sum_zeroed = spare || selection;
+  call.sum_zeroed = spare && !selection;
   const bool masking = momentum_ > 0 && how.codec->selects();
   std::vector<int64_t> sent_positions;
   at::Tensor unsent;

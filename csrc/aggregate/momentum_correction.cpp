@@ -40,12 +40,8 @@ inline bool spare_step_scalar(const float* u, float* w, float* x, int64_t begin,
   return bad != 0;
 }
 
-// Above this many bytes the spare is written past the caches (streaming stores): the
-// encoder reads it back only after the whole pass, from memory anyway, and streaming
-// skips reading the spare's old lines in before writing them (on the Xeon of
-// docs/results.md, a pass of 11.9M elements took about half the time of plain stores).
-constexpr int64_t kStreamBytes = int64_t{8} << 20;
-
+// Above kStreamBytes the spare is written past the caches: the encoder reads it back
+// only after the whole pass, from memory anyway.
 template <bool kStream>
 __attribute__((target("avx2"))) bool spare_step_avx2(const float* u, float* w, float* x, int64_t n, float m) {
   int64_t i = 0;

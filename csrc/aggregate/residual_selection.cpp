@@ -33,12 +33,13 @@ struct Collector {
 
 // The pass over elements [begin, end): with a velocity (kMomentum), v' = v·m + x into
 // sv (mul then add, no FMA, as add_momentum) and u = r + v'; else u = r + x (as the
-// encoder's residual[i] += x[i] rounds); u written to w; x zeroed; keys at or above
-// `lowest` collected (kCollect). Returns true when some x was Inf or NaN (the only floats
-// whose exponent is all ones).
+// encoder's residual[i] += x[i] rounds); u written to w; keys at or above `lowest`
+// collected (kCollect). Returns true when some x was Inf or NaN (the only floats whose
+// exponent is all ones). x is only read: the decode writes the sum over it
+// (EntryCodec's sum_rows_by_range, no zero fill first).
 struct Rows {
   const float* r;
-  float* x;
+  const float* x;
   float* w;
   const float* v;  // with momentum
   float* sv;
@@ -57,7 +58,6 @@ bool pass_scalar(const Rows& a, int64_t begin, int64_t end, Collector* collector
     }
     const float u = a.r[i] + added;
     a.w[i] = u;
-    a.x[i] = 0.0f;
     if constexpr (kCollect) {
       const uint32_t key = math::magnitude_key(u);
       if (key >= lowest) collector->take(key, i);
@@ -66,10 +66,8 @@ bool pass_scalar(const Rows& a, int64_t begin, int64_t end, Collector* collector
   return bad != 0;
 }
 
-// Above this many bytes u (and v') is written past the caches (streaming stores): the
-// encoder reads back only the entries it sends, and streaming skips reading the spares'
-// old lines in before writing them.
-constexpr int64_t kStreamBytes = int64_t{8} << 20;
+// Above kStreamBytes u (and v') is written past the caches: the encoder reads back only
+// the entries it sends.
 
 template <bool kStream>
 __attribute__((target("avx2"))) inline void store(float* at, __m256 v) {
@@ -94,7 +92,6 @@ __attribute__((target("avx2"))) bool pass_avx2(const Rows& a, int64_t begin, int
     }
     bad = pass_scalar<kMomentum, kCollect>(a, begin, i, collector, lowest);
   }
-  const __m256 zero = _mm256_setzero_ps();
   const __m256 factor = _mm256_set1_ps(a.m);
   const __m256i exponent = _mm256_set1_epi32(0x7F800000);
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
@@ -112,7 +109,6 @@ __attribute__((target("avx2"))) bool pass_avx2(const Rows& a, int64_t begin, int
     }
     const __m256 u = _mm256_add_ps(_mm256_loadu_ps(a.r + i), added);
     store<kStream>(a.w + i, u);
-    _mm256_storeu_ps(a.x + i, zero);
     if constexpr (kCollect) {
       const __m256i key = _mm256_and_si256(_mm256_castps_si256(u), magnitude);
       auto hits = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_castsi256_ps(_mm256_cmpgt_epi32(key, below))));

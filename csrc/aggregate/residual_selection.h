@@ -3,9 +3,10 @@
 // internal to csrc/aggregate. Otherwise a call reads its input three times: a pass that
 // checks it for Inf and NaN (with momentum correction: makes the next velocity), the
 // encoder's pass that makes u = x + residual and collects its candidates, and the
-// exchange's pass that zeroes x as the sum. Here one pass does all of it, and the encoder
+// exchange's pass that zeroes x as the sum. Here one pass does the first two, the encoder
 // reads none of u to select (it writes the chosen entries and takes what it sends back
-// out of the residual: sparse work).
+// out of the residual: sparse work), and the decode writes the sum over x range by range
+// (entry_codec.h) instead of adding the payloads into a zeroed x.
 #pragma once
 
 #include <cstdint>
@@ -38,8 +39,8 @@ class ResidualSelection {
   // place), with `momentum` m > 0 first v' = m·v + x into the state's spare velocity
   // (momentum correction, rounded as add_momentum rounds), then u = (v' or x) + residual
   // into the state's spare residual (the velocity and residual untouched, so a step the
-  // ranks refuse changes no state), x checked for Inf and NaN and zeroed
-  // (ExchangeCall::sum_zeroed), and for each of `pieces` (consecutive, covering x) that
+  // ranks refuse changes no state), x checked for Inf and NaN (and only read: the
+  // exchange writes the sum over it), and for each of `pieces` (consecutive, covering x) that
   // selects, the candidates at or above a threshold sampled from it (topk_select.h). u is
   // rounded as the encoder's own pass rounds it: the same bits. Costs a second residual's
   // memory (4 bytes per element, kept between calls).

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "codec/codec_base.h"
+#include "codec/entry_codec.h"
 
 #ifdef GRADZIP_WITH_CUDA
 #include "aggregate/device_slot_codec.h"
@@ -19,7 +20,9 @@ namespace {
 class HostSlotCodec final : public SlotCodec {
  public:
   explicit HostSlotCodec(std::shared_ptr<const Codec> codec)
-      : codec_(std::move(codec)), elementwise_(dynamic_cast<const ElementwiseCodec*>(codec_.get())) {}
+      : codec_(std::move(codec)),
+        elementwise_(dynamic_cast<const ElementwiseCodec*>(codec_.get())),
+        entries_(dynamic_cast<const EntryCodec*>(codec_.get())) {}
 
   int64_t slot_bytes(int64_t n) const override { return gradzip::slot_bytes(*codec_, n); }
   std::unique_ptr<SlotCodec> part(int64_t, int64_t) const override {
@@ -36,20 +39,19 @@ class HostSlotCodec final : public SlotCodec {
   }
 
   void decode_sum(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
+    if (entries_) {  // written range by range: no zero fill, no scattered adds into the sum
+      const Rows of(slots, stride, rows);
+      return set_rows_by_range(*entries_, rows, [&](int r) { return of.payload(r); },
+                               [&](int r) { return of.sizes[r]; }, sum.data_ptr<float>(), sum.numel(), scale, raise);
+    }
     sum.zero_();
     decode_add(slots, stride, rows, sum, scale);
   }
 
   void decode_add(const at::Tensor& slots, int64_t stride, int rows, at::Tensor sum, float scale) const override {
-    const uint8_t* base = slots.data_ptr<uint8_t>();
-    std::vector<size_t> sizes(rows);
-    for (int r = 0; r < rows; ++r) {
-      uint64_t declared;
-      std::memcpy(&declared, base + r * stride, 8);
-      sizes[r] = slot_payload_size(declared, stride, r);
-    }
-    const auto payload = [&](int r) { return base + r * stride + kSlotHeaderBytes; };
-    const auto raise = [](int r, const PayloadError& e) { throw SlotError(r, e.what()); };
+    const Rows of(slots, stride, rows);
+    const auto payload = [&](int r) { return of.payload(r); };
+    const std::vector<size_t>& sizes = of.sizes;
     float* out = sum.data_ptr<float>();
     if (elementwise_ && rows > 1) {  // range by range: `sum` read and written once
       return add_rows_by_range(*elementwise_, rows, payload, [&](int r) { return sizes[r]; }, out, sum.numel(),
@@ -76,8 +78,26 @@ class HostSlotCodec final : public SlotCodec {
   }
 
  private:
+  // Each row's payload and its size, as its slot declares it (else SlotError).
+  struct Rows {
+    Rows(const at::Tensor& slots, int64_t stride, int rows)
+        : base(slots.data_ptr<uint8_t>()), stride(stride), sizes(rows) {
+      for (int r = 0; r < rows; ++r) {
+        uint64_t declared;
+        std::memcpy(&declared, base + r * stride, 8);
+        sizes[r] = slot_payload_size(declared, stride, r);
+      }
+    }
+    const uint8_t* payload(int r) const { return base + r * stride + kSlotHeaderBytes; }
+    const uint8_t* base;
+    int64_t stride;
+    std::vector<size_t> sizes;
+  };
+  static void raise(int r, const PayloadError& e) { throw SlotError(r, e.what()); }
+
   std::shared_ptr<const Codec> codec_;
   const ElementwiseCodec* elementwise_;  // codec_, when it decodes ranges; else null
+  const EntryCodec* entries_;            // codec_, when its payloads are entries; else null
 };
 
 }  // namespace

@@ -119,23 +119,9 @@ PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k) {
   return layout;
 }
 
-namespace {
-
-// The calling thread's buffer for k positions: grown as needed, freed at the call after it
-// grew past kKeptPositions.
-int64_t* positions_buffer(uint64_t k) {
-  thread_local std::vector<int64_t> buffer;
-  if (buffer.size() > kKeptPositions) std::vector<int64_t>().swap(buffer);
-  if (buffer.size() < k) buffer.resize(k);
-  return buffer.data();
-}
-
-}  // namespace
-
-const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n) {
+void read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n, int64_t* found) {
   const uint8_t* positions = r.at(layout.bytes);
   const uint64_t size = layout.bytes.bytes;
-  int64_t* found = positions_buffer(k);
   if (layout.bitmap) {  // a word of the bitmap at a time, its set bits lowest first
     uint64_t marked = 0;
     for (uint64_t word_at = 0; word_at < size; word_at += 8) {
@@ -149,7 +135,7 @@ const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layou
       }
     }
     if (marked != k) r.fail("the bitmap marks " + std::to_string(marked) + " positions, k is " + std::to_string(k));
-    return found;
+    return;
   }
   const int b = layout.golomb_parameter;
   const uint64_t low_mask = (uint64_t{1} << b) - 1;
@@ -185,7 +171,6 @@ const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layou
     next(quotient, gap);
   }
   if (wire::bytes_for_bits(bit / 8 * 8 + bits.bits_read()) != size) r.fail("position bytes left over");
-  return found;
 }
 
 }  // namespace gradzip

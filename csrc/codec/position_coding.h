@@ -53,31 +53,8 @@ PositionLayout position_layout(uint64_t at, const PositionCoding& coding);
 // Throws PayloadError.
 PositionLayout read_position_layout(wire::Reader& r, int64_t n, uint64_t k);
 // Decodes the k positions of a checked layout (ascending, below n, k of them, every byte
-// used); `r` names the payload in errors. Throws PayloadError. They lie in a buffer of the
-// calling thread, valid until its next read_positions and kept from call to call, so that
-// a decode neither allocates nor faults in fresh pages (one of more than kKeptPositions
-// is freed at the thread's next call).
-const int64_t* read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n);
-constexpr uint64_t kKeptPositions = uint64_t{1} << 22;  // 32 MiB per thread
-// Positions per chunk where a codec moves values to or from scattered positions in a loop
-// of its own (STC's gather of the chosen values; the decoders' scattered adds).
-constexpr uint64_t kScatterChunk = 1024;
-
-// out[indices[j]] += values[j] for j in [0, count), the targets of the positions
-// kScatterAhead further on prefetched (`available` ≥ count positions may be read at
-// `indices`), so that many of their cache misses are in flight at once: one per
-// position at 1%, where a plain loop waits on a few at a time (25M elements, 1%, on the
-// AMD EPYC of docs/results.md, STC's decode: 19.4 ns per position without, 17.9 with).
-constexpr uint64_t kScatterAhead = 32;
-inline void scatter_add(float* out, const int64_t* indices, const float* values, uint64_t count,
-                        uint64_t available) {
-  const uint64_t ahead = available > kScatterAhead ? std::min(count, available - kScatterAhead) : 0;
-  uint64_t j = 0;
-  for (; j < ahead; ++j) {
-    __builtin_prefetch(out + indices[j + kScatterAhead], 1, 0);
-    out[indices[j]] += values[j];
-  }
-  for (; j < count; ++j) out[indices[j]] += values[j];
-}
+// used) into found[0, k); `r` names the payload in errors. Throws PayloadError (found's
+// contents are then unspecified).
+void read_positions(const wire::Reader& r, const PositionLayout& layout, uint64_t k, int64_t n, int64_t* found);
 
 }  // namespace gradzip

@@ -6,7 +6,7 @@
 
 #include <cmath>
 
-#include "codec/codec_base.h"
+#include "codec/entry_codec.h"
 #include "codec/topk_select.h"
 
 namespace gradzip {
@@ -34,9 +34,9 @@ int64_t max_selected(const SelectionParameters& selection, int64_t n);
 // Parameters: a struct with a SelectionParameters `selection` (TopKParameters,
 // StcParameters); Self: the codec (with_budget builds another).
 template <class Self, class Parameters>
-class SelectionCodec : public CodecBase, public WithParameters<Parameters> {
+class SelectionCodec : public EntryCodec, public WithParameters<Parameters> {
  public:
-  SelectionCodec(CodecId id, const Parameters& parameters) : CodecBase(id), WithParameters<Parameters>(parameters) {}
+  SelectionCodec(CodecId id, const Parameters& parameters) : EntryCodec(id), WithParameters<Parameters>(parameters) {}
   bool biased() const final { return true; }
   bool selects() const final { return true; }
   Budget budget() const final { return {BudgetKind::kDensity, selection().density}; }

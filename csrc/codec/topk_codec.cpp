@@ -1,6 +1,7 @@
 #include "codec/topk_codec.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "codec/element_math.cuh"
@@ -76,26 +77,23 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
     return topk_layout(most, topk_index_width(n)).bytes;
   }
 
-  void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const override {
+  void decode_entries(const uint8_t* data, size_t size, int64_t n, float scale, Entries& entries) const override {
     wire::Reader r(data, size, "topk");
     const TopKLayout layout = read_topk_layout(r, n);
     const uint8_t* values = r.at(layout.values);
+    entries.positions.resize(layout.k);
+    entries.values.resize(layout.k);
     if (layout.value_type != ValueType::kFp32) {
-      const int64_t* indices = read_positions(r, layout.positions, layout.k, n);  // checked before anything is written
-      float chunk[kScatterChunk];  // widened first, then added: see stc's decode_add
-      for (uint64_t start = 0; start < layout.k; start += kScatterChunk) {
-        const uint64_t count = std::min(kScatterChunk, layout.k - start);
-        for (uint64_t j = 0; j < count; ++j) {
-          uint16_t v;
-          std::memcpy(&v, values + 2 * (start + j), 2);
-          chunk[j] = scale * from_wire(layout.value_type, v);
-        }
-        scatter_add(out, indices + start, chunk, count, layout.k - start);
+      read_positions(r, layout.positions, layout.k, n, entries.positions.data());
+      for (uint64_t j = 0; j < layout.k; ++j) {
+        uint16_t v;
+        std::memcpy(&v, values + 2 * j, 2);
+        entries.values[j] = scale * from_wire(layout.value_type, v);
       }
       return;
     }
     const uint8_t* indices = r.at(layout.indices);
-    // Check every index before writing any: strictly ascending and below n.
+    // Every index checked: strictly ascending and below n.
     int64_t previous = -1;
     for (uint64_t j = 0; j < layout.k; ++j) {
       const int64_t index = read_index(indices, j, layout.width);
@@ -103,12 +101,10 @@ class TopKCodec final : public SelectionCodec<TopKCodec, TopKParameters> {
         r.fail("index " + std::to_string(index) + " at position " + std::to_string(j) +
                " is out of range or not ascending");
       }
-      previous = index;
-    }
-    for (uint64_t j = 0; j < layout.k; ++j) {
+      entries.positions[j] = previous = index;
       float v;
       std::memcpy(&v, values + 4 * j, 4);
-      out[read_index(indices, j, layout.width)] += scale * v;
+      entries.values[j] = scale * v;
     }
   }
 

@@ -15,7 +15,9 @@
 
 #include "codec/codec_base.h"
 #include "codec/codec_record.h"
+#include "codec/cpu_features.h"
 #include "codec/element_math.cuh"
+#include "codec/entry_codec.h"
 #include "codec/qsgd_codec.h"
 
 namespace gradzip {
@@ -512,6 +514,64 @@ TEST(CodecTest, RowsByRangeAreTheRowsOneAfterAnother) {
     } catch (const PayloadError&) {
     }
     EXPECT_EQ(named, 3) << spec;
+  }
+}
+
+TEST(CodecTest, SumsOfEntriesAreTheRowsAddedIntoZerosOneAfterAnother) {
+  const int rows = 4;
+  const auto written_over = [](int64_t n) {  // what the sum held before: any bits
+    std::vector<float> garbage = random_input(n, 5, 1e30f);
+    if (n > 2) garbage[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    return garbage;
+  };
+  // Rows 0 and 2 select the same positions; sizes around the ranges, and one written
+  // past the caches (at least kStreamBytes), each at 0..3 floats past an aligned address.
+  for (const std::string spec : {"topk:density=0.01", "topk:density=0.3", "topk:density=1",
+                                 "topk:density=0.02,values=fp16", "topk:density=0.05,values=bf16",
+                                 "stc:density=0.01", "stc:density=0.6"}) {
+    const auto codec = make_codec(parse_spec(spec));
+    const auto* entries = dynamic_cast<const EntryCodec*>(codec.get());
+    ASSERT_NE(entries, nullptr) << spec;
+    for (const int64_t n : {int64_t{0}, int64_t{1}, int64_t{7}, kDecodeRange - 1, kDecodeRange + 1,
+                            3 * kDecodeRange + 13, static_cast<int64_t>(kStreamBytes / 4) + 5}) {
+      if (n > kDecodeRange * 4 && spec != "topk:density=0.01" && spec != "stc:density=0.01") continue;
+      std::vector<std::vector<uint8_t>> payloads;
+      for (int r = 0; r < rows; ++r) {
+        payloads.push_back(encode(spec, random_input(n, r == 2 ? 7 : 100 * r + 7, r + 1.0f), nullptr,
+                                  {1, 0, static_cast<uint32_t>(r)}));
+      }
+      std::vector<float> one_by_one(n, 0.0f);
+      for (const auto& payload : payloads) {
+        codec->decode_add(payload.data(), payload.size(), one_by_one.data(), n, -0.25f);
+      }
+      for (int64_t skew = 0; skew < 4; ++skew) {
+        std::vector<float> buffer(n + 8 + 4);
+        float* aligned = buffer.data() + (32 - reinterpret_cast<uintptr_t>(buffer.data()) % 32) % 32 / 4;
+        float* out = aligned + skew;
+        const std::vector<float> before = written_over(n);
+        std::copy(before.begin(), before.end(), out);
+        set_rows_by_range(
+            *entries, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); }, out,
+            n, -0.25f, [](int r, const PayloadError& e) { FAIL() << r << ": " << e.what(); });
+        if (n > 0) ASSERT_EQ(std::memcmp(one_by_one.data(), out, 4 * n), 0) << spec << " n " << n << " skew " << skew;
+      }
+    }
+    std::vector<std::vector<uint8_t>> payloads(rows, encode(spec, random_input(100, 3)));
+    payloads[3].pop_back();  // truncated: row 3 is named, and nothing is written
+    const std::vector<float> before = written_over(100);
+    std::vector<float> out = before;
+    int named = -1;
+    try {
+      set_rows_by_range(
+          *entries, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
+          out.data(), 100, 1.0f, [&](int r, const PayloadError& e) {
+            named = r;
+            throw e;
+          });
+    } catch (const PayloadError&) {
+    }
+    EXPECT_EQ(named, 3) << spec;
+    EXPECT_EQ(std::memcmp(before.data(), out.data(), 4 * 100), 0) << spec;
   }
 }
 

@@ -65,8 +65,8 @@ Read read(const std::vector<uint8_t>& stream, bool bitmap, int b, uint64_t k, in
   const PositionLayout layout{bitmap, b, {0, stream.size()}};
   Read got;
   try {
-    const int64_t* found = read_positions(reader, layout, k, n);
-    got.positions.assign(found, found + k);
+    got.positions.resize(k);
+    read_positions(reader, layout, k, n, got.positions.data());
   } catch (const PayloadError& e) {
     const std::string what = e.what();
     got.error = what.substr(what.rfind(": ") + 2);  // the reason, after the payload's name
