@@ -477,6 +477,24 @@ TEST(CodecTest, QsgdDecodeIsEachCodesValueAndRefusesHighLevels) {
 // The element-wise codecs sum several payloads range by range (add_rows_by_range): the
 // bits of decode_add() of each payload in turn, at sizes around the range's length, with
 // blocks and buckets that straddle ranges and odd bit offsets; a bad payload is named.
+// The row that sum_rows(data, size, on_error) names (its on_error called) over `rows`
+// copies of `payload`, row 3's truncated by a byte; −1 if none.
+template <class SumRows>
+int row_named_for_a_truncated_payload(const std::vector<uint8_t>& payload, int rows, SumRows sum_rows) {
+  std::vector<std::vector<uint8_t>> payloads(rows, payload);
+  payloads[3].pop_back();
+  int named = -1;
+  try {
+    sum_rows([&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
+             [&](int r, const PayloadError& e) {
+               named = r;
+               throw e;
+             });
+  } catch (const PayloadError&) {
+  }
+  return named;
+}
+
 TEST(CodecTest, RowsByRangeAreTheRowsOneAfterAnother) {
   const int rows = 5;
   for (const std::string spec : {"identity", "fp16", "bf16", "sign", "sign:block=100", "sign:block=4096",
@@ -500,20 +518,14 @@ TEST(CodecTest, RowsByRangeAreTheRowsOneAfterAnother) {
           by_range.data(), n, 0.25f, [](int r, const PayloadError& e) { FAIL() << r << ": " << e.what(); });
       if (n > 0) ASSERT_EQ(std::memcmp(one_by_one.data(), by_range.data(), 4 * n), 0) << spec << " n " << n;
     }
-    std::vector<std::vector<uint8_t>> payloads(rows, encode(spec, random_input(100, 3)));
-    payloads[3].pop_back();  // truncated: row 3 is named
     std::vector<float> out(100, 0.0f);
-    int named = -1;
-    try {
-      add_rows_by_range(
-          *elementwise, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
-          out.data(), 100, 1.0f, [&](int r, const PayloadError& e) {
-            named = r;
-            throw e;
-          });
-    } catch (const PayloadError&) {
-    }
-    EXPECT_EQ(named, 3) << spec;
+    EXPECT_EQ(row_named_for_a_truncated_payload(encode(spec, random_input(100, 3)), rows,
+                                                [&](auto data, auto size, auto on_error) {
+                                                  add_rows_by_range(*elementwise, rows, data, size, out.data(), 100,
+                                                                    1.0f, on_error);
+                                                }),
+              3)
+        << spec;
   }
 }
 
@@ -556,21 +568,15 @@ TEST(CodecTest, SumsOfEntriesAreTheRowsAddedIntoZerosOneAfterAnother) {
         if (n > 0) ASSERT_EQ(std::memcmp(one_by_one.data(), out, 4 * n), 0) << spec << " n " << n << " skew " << skew;
       }
     }
-    std::vector<std::vector<uint8_t>> payloads(rows, encode(spec, random_input(100, 3)));
-    payloads[3].pop_back();  // truncated: row 3 is named, and nothing is written
     const std::vector<float> before = written_over(100);
-    std::vector<float> out = before;
-    int named = -1;
-    try {
-      set_rows_by_range(
-          *entries, rows, [&](int r) { return payloads[r].data(); }, [&](int r) { return payloads[r].size(); },
-          out.data(), 100, 1.0f, [&](int r, const PayloadError& e) {
-            named = r;
-            throw e;
-          });
-    } catch (const PayloadError&) {
-    }
-    EXPECT_EQ(named, 3) << spec;
+    std::vector<float> out = before;  // nothing is written
+    EXPECT_EQ(row_named_for_a_truncated_payload(encode(spec, random_input(100, 3)), rows,
+                                                [&](auto data, auto size, auto on_error) {
+                                                  set_rows_by_range(*entries, rows, data, size, out.data(), 100, 1.0f,
+                                                                    on_error);
+                                                }),
+              3)
+        << spec;
     EXPECT_EQ(std::memcmp(before.data(), out.data(), 4 * 100), 0) << spec;
   }
 }
