@@ -68,7 +68,6 @@ bool pass_scalar(const Rows& a, int64_t begin, int64_t end, Collector* collector
 
 // Above kStreamBytes u (and v') is written past the caches: the encoder reads back only
 // the entries it sends.
-
 template <bool kStream>
 __attribute__((target("avx2"))) inline void store(float* at, __m256 v) {
   if constexpr (kStream) {
