@@ -190,8 +190,7 @@ class ResidualEncodingSlotCodec final : public SlotCodec {
 }  // namespace
 
 ResidualSelection::ResidualSelection(CompressedState& state, const at::Tensor& x, double momentum,
-                                     std::vector<EncodePiece> pieces, const std::string& key)
-{
+                                     std::vector<EncodePiece> pieces, const std::string& key) {
   const int64_t n = x.numel();
   TORCH_INTERNAL_ASSERT(x.is_cpu() && x.is_contiguous() && x.scalar_type() == at::kFloat);
   const auto spare_of = [&](at::Tensor& spare) {

@@ -11,6 +11,12 @@ namespace gradzip {
 
 namespace {
 
+// Entries' buffers kept by a thread above this many entries are freed at its next call.
+constexpr uint64_t kKeptEntries = uint64_t{1} << 22;
+void drop_if_large(Entries& entries) {
+  if (entries.positions.capacity() > kKeptEntries) entries = Entries();
+}
+
 // out[p] += v for each entry, the targets kScatterAhead entries further on prefetched, so
 // that many of their cache misses are in flight at once: one per entry at 1%, where a
 // plain loop waits on a few at a time (25M elements, 1%, on the AMD EPYC of
@@ -40,9 +46,16 @@ __attribute__((target("avx2"))) void stream_copy(const float* from, float* to, i
 
 void EntryCodec::decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const {
   thread_local Entries entries;
+  drop_if_large(entries);
   decode_entries(data, size, n, scale, entries);
   scatter_add(entries, out);
-  if (entries.positions.capacity() > kKeptEntries) entries = Entries();
+}
+
+std::vector<Entries>& thread_entry_rows(int rows) {
+  thread_local std::vector<Entries> kept;
+  for (Entries& entries : kept) drop_if_large(entries);
+  kept.resize(static_cast<size_t>(rows));
+  return kept;
 }
 
 void sum_rows_by_range(const std::vector<Entries>& rows, float* out, int64_t n) {

@@ -23,7 +23,8 @@ class EntryCodec : public CodecBase {
  public:
   using CodecBase::CodecBase;
   // out[p] += v for each entry (p, v) of decode_entries(..., scale): the entries decoded
-  // into a buffer of the calling thread, then added, their targets prefetched.
+  // into a buffer of the calling thread (kept as thread_entry_rows' are), then added,
+  // their targets prefetched.
   void decode_add(const uint8_t* data, size_t size, float* out, int64_t n, float scale) const final;
   // The payload's entries, each value scale × the sent one, rounded as decode_add() adds
   // it; `entries` resized to k. Checks the payload as a decode must: PayloadError
@@ -31,10 +32,10 @@ class EntryCodec : public CodecBase {
   virtual void decode_entries(const uint8_t* data, size_t size, int64_t n, float scale, Entries& entries) const = 0;
 };
 
-// Entries' buffers above this many positions are freed after the call that grew them, so
-// that a thread keeps at most this much from call to call (decodes neither allocate nor
-// fault in fresh pages at the sizes training repeats).
-constexpr uint64_t kKeptEntries = uint64_t{1} << 22;
+// The calling thread's buffers for `rows` payloads' entries (set_rows_by_range's), kept
+// from call to call so that decodes neither allocate nor fault in fresh pages; one that
+// grew past 4M entries is freed at the thread's next call.
+std::vector<Entries>& thread_entry_rows(int rows);
 
 // out[0, n) = the entries of `rows` summed in row order, every other element +0: the bits
 // of out zeroed, then decode_add() of each row's payload in turn. Range by range (the
@@ -45,12 +46,11 @@ void sum_rows_by_range(const std::vector<Entries>& rows, float* out, int64_t n);
 // sum_rows_by_range of the entries of the payloads `data(r)` (size(r) bytes), r in [0,
 // rows), decoded by `codec` with `scale`; a PayloadError from payload r goes to
 // on_error(r, error), which throws, before anything is written. The entries lie in
-// buffers of the calling thread.
+// buffers of the calling thread (thread_entry_rows).
 template <class Data, class Size, class OnError>
 void set_rows_by_range(const EntryCodec& codec, int rows, Data data, Size size, float* out, int64_t n, float scale,
                        OnError on_error) {
-  thread_local std::vector<Entries> decoded;
-  decoded.resize(static_cast<size_t>(rows));
+  std::vector<Entries>& decoded = thread_entry_rows(rows);
   for (int r = 0; r < rows; ++r) {
     try {
       codec.decode_entries(data(r), size(r), n, scale, decoded[r]);
@@ -59,9 +59,6 @@ void set_rows_by_range(const EntryCodec& codec, int rows, Data data, Size size, 
     }
   }
   sum_rows_by_range(decoded, out, n);
-  for (Entries& e : decoded) {
-    if (e.positions.capacity() > kKeptEntries) e = Entries();
-  }
 }
 
 }  // namespace gradzip
